@@ -1,0 +1,85 @@
+# damon-hp: one entry point for setup, builds, tests and the demo.
+# `make demo` sets everything up and runs the main job; `make test` runs all three test tiers.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PYTEST := $(VENV)/bin/pytest
+CACHE  := .cache
+STAMPS := $(CACHE)/stamps
+
+# Debian 12 packages the project needs on the host. virtiofsd comes from bookworm-backports
+# through the private sources list in kernel-config/ (see kernel-config/README.md).
+APT_PACKAGES := qemu-system-x86 kmod busybox-static clang llvm libbpf-dev bpftool \
+	libelf-dev zlib1g-dev linux-perf build-essential pkg-config python3-venv python3-pip \
+	cpio zstd
+
+.PHONY: help setup demo test test-unit test-host test-vm lint workloads bpf kernel \
+	vm-shell vm-run clean
+
+help:
+	@echo "make demo       set up everything, then run damon-hp on a bundled workload"
+	@echo "make test       run the unit, host and vm test tiers (sets up first)"
+	@echo "make setup      apt packages, .venv, test kernel, workloads, BPF tools (idempotent)"
+	@echo "make vm-shell   interactive shell in the test VM"
+	@echo "make vm-run CMD='...'  run CMD in the test VM from the project root"
+
+$(STAMPS):
+	@mkdir -p $@
+
+# Re-run apt only when the package list changes.
+$(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12): | $(STAMPS)
+	@missing=$$(dpkg-query -W -f='$${Status} $${Package}\n' $(APT_PACKAGES) 2>/dev/null \
+		| awk '$$3!="installed"{print $$4}'; for p in $(APT_PACKAGES); do \
+		dpkg-query -W $$p >/dev/null 2>&1 || echo $$p; done | sort -u); \
+	if [ -n "$$missing" ]; then \
+		echo "setup: installing Debian packages: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@touch $@
+
+$(STAMPS)/venv: pyproject.toml | $(STAMPS)
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+kernel: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
+	@kernel-config/fetch-kernel.sh
+
+workloads: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
+	@$(MAKE) -s -C workloads
+
+bpf: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
+	@$(MAKE) -s -C bpf
+
+setup: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12) $(STAMPS)/venv \
+	kernel workloads bpf
+
+demo: setup
+	@agent/demo.sh
+
+lint: $(STAMPS)/venv
+	$(VENV)/bin/ruff check agent tests experiments
+
+test: setup
+	$(PYTEST) -ra tests/unit tests/host tests/vm
+
+test-unit: $(STAMPS)/venv
+	$(PYTEST) -ra tests/unit
+
+test-host: setup
+	$(PYTEST) -ra tests/host
+
+test-vm: setup
+	$(PYTEST) -ra tests/vm
+
+vm-shell: setup
+	@$(VENV)/bin/damon-hp vm shell
+
+vm-run: setup
+	@$(VENV)/bin/damon-hp vm run -- $(CMD)
+
+clean:
+	@$(MAKE) -s -C workloads clean || true
+	@$(MAKE) -s -C bpf clean || true

@@ -1,0 +1,66 @@
+"""Command line: argument parsing and dispatch only; each subcommand lives in commands/."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module under damon_hp.commands, one-line help). Modules are imported lazily so
+# one broken or slow import never stops `damon-hp doctor` from running.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("doctor", "check this system for what damon-hp needs (read-only)"),
+    "run": ("run", "start a command and back its hot memory with huge pages until it exits"),
+    "attach": ("attach", "manage a running process's hot memory until it exits or you stop"),
+    "status": ("status", "list running damon-hp agents, their targets and what they did"),
+    "trace": ("trace", "count huge-page, fault, compaction and TLB events with BPF (hpstat)"),
+    "vm": ("vm", "boot the pinned test kernel with virtme-ng and run a command inside"),
+}
+
+EPILOG = """\
+exit codes: 0 ok, 1 runtime failure, 2 usage or environment error.
+examples:
+  damon-hp doctor                       what works here, and what to do about what doesn't
+  damon-hp run -- ./workloads/bin/gups --size 1G
+  damon-hp attach 1234                  manage PID 1234 until it exits or Ctrl-C
+  damon-hp vm run -- damon-hp doctor    the same check inside the test VM
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="damon-hp",
+        description="Watch a process's memory with DAMON and back only its hot ranges "
+        "(>= 2 MiB) with transparent huge pages.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        mod = importlib.import_module(f"damon_hp.commands.{module}")
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=(mod.__doc__ or help_text).strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        mod.set_argparser(p)
+        p.set_defaults(_main=mod.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_main", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._main(args) or 0)
+    except KeyboardInterrupt:
+        print("damon-hp: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per subcommand: each has set_argparser(parser) and main(args) -> exit code."""
