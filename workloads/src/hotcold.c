@@ -1,0 +1,175 @@
+/*
+ * hotcold: ground truth for "is the agent backing the right range with huge pages".
+ *
+ * Two separate 2 MiB-aligned anonymous mappings: a hot one, read at random cache lines by every
+ * thread for the whole run, and a cold one, written once per 4 KiB page at start and never again.
+ * Both ranges are printed as one JSON line on stdout before the hot loop starts; the throughput
+ * follows as a second JSON line at the end (also on SIGINT/SIGTERM). Nothing here madvises:
+ * which range gets huge pages is what the agent is being scored on.
+ */
+#include <getopt.h>
+#include <stdatomic.h>
+
+#include "microbench.h"
+
+#define DEFAULT_HOT (64ULL << 20)
+#define DEFAULT_COLD (256ULL << 20)
+#define BATCH 4096
+
+struct worker {
+	pthread_t tid;
+	const uint64_t *hot;
+	uint64_t lines;
+	uint64_t seed;
+	_Atomic uint64_t ops;
+	uint64_t sink;
+	char pad[64];
+};
+
+static atomic_bool stop;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: hotcold [--hot SIZE] [--cold SIZE] [--threads N] [--seconds S]\n"
+		"  Maps a hot and a cold region (separate anonymous mmaps, 2 MiB-aligned, no madvise),\n"
+		"  writes every 4 KiB page of both once, then reads random 64-byte lines of the hot\n"
+		"  region from N threads for S seconds (S = 0: until SIGINT/SIGTERM).\n"
+		"  --hot SIZE     hot region size (default 64M); suffixes K, M, G (1024-based)\n"
+		"  --cold SIZE    cold region size (default 256M)\n"
+		"  --threads N    reader threads, 1..1024 (default 1)\n"
+		"  --seconds S    run time in seconds, fractions allowed (default 10)\n"
+		"stdout, one JSON object per line:\n"
+		"  at start: {\"pid\":P,\"hot\":{\"start\":A,\"end\":B},\"cold\":{\"start\":C,\"end\":D}}\n"
+		"            (decimal virtual addresses, end exclusive)\n"
+		"  at end:   {\"ops\":N,\"seconds\":T,\"ops_per_s\":R,\"stopped_by\":\"timeout\"|\"SIGTERM\"|\"SIGINT\"}\n"
+		"Exit status: 0 done, 1 runtime failure, 2 bad arguments.\n");
+}
+
+static void bad_args(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "hotcold: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	exit(2);
+}
+
+static void *reader(void *arg)
+{
+	struct worker *w = arg;
+	uint64_t state = w->seed, sum = 0;
+	const uint64_t words_per_line = MB_LINE / sizeof(uint64_t);
+	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+		for (int i = 0; i < BATCH; i++)
+			sum += w->hot[mb_below(&state, w->lines) * words_per_line];
+		atomic_fetch_add_explicit(&w->ops, BATCH, memory_order_relaxed);
+	}
+	w->sink = sum;
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t hot_size = DEFAULT_HOT, cold_size = DEFAULT_COLD;
+	long long threads = 1;
+	double seconds = 10;
+	static const struct option opts[] = {
+		{ "hot", required_argument, NULL, 'h' },
+		{ "cold", required_argument, NULL, 'c' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "seconds", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'H' },
+		{ 0 },
+	};
+	int opt;
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'h':
+			if (!(hot_size = mb_parse_size(optarg)))
+				bad_args("--hot: '%s' is not a size > 0 (e.g. 64M)", optarg);
+			break;
+		case 'c':
+			if (!(cold_size = mb_parse_size(optarg)))
+				bad_args("--cold: '%s' is not a size > 0 (e.g. 256M)", optarg);
+			break;
+		case 't':
+			threads = mb_parse_count(optarg);
+			if (threads < 1 || threads > 1024)
+				bad_args("--threads: '%s' is not a number from 1 to 1024", optarg);
+			break;
+		case 's':
+			if ((seconds = mb_parse_seconds(optarg)) < 0)
+				bad_args("--seconds: '%s' is not a number of seconds >= 0", optarg);
+			break;
+		case 'H':
+			usage(stdout);
+			return 0;
+		default:
+			bad_args("unknown or incomplete option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		bad_args("unexpected argument '%s'", argv[optind]);
+	if (hot_size < MB_LINE)
+		bad_args("--hot: must be at least 64 bytes%s", "");
+
+	sigset_t stopset;
+	mb_block_stop_signals(&stopset);
+
+	/* Hot first, then cold: two mmaps, so each is its own VMA and DAMON region candidate. */
+	uint64_t *hot = mb_map_aligned(hot_size);
+	unsigned char *cold = mb_map_aligned(cold_size);
+	if (!hot || !cold) {
+		fprintf(stderr, "hotcold: mmap of %" PRIu64 " + %" PRIu64 " bytes failed: %s\n",
+			hot_size, cold_size, strerror(errno));
+		return 1;
+	}
+	mb_touch_pages(cold, cold_size, 1);
+	/* Writing the hot region makes its pages real: random reads of untouched anonymous memory
+	 * would all hit the shared zero page and never become resident. */
+	mb_touch_pages(hot, hot_size, 2);
+
+	printf("{\"pid\":%d,\"hot\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "},"
+	       "\"cold\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "}}\n",
+	       (int)getpid(), (uintptr_t)hot, (uintptr_t)hot + (uintptr_t)hot_size,
+	       (uintptr_t)cold, (uintptr_t)cold + (uintptr_t)cold_size);
+	fflush(stdout);
+
+	struct worker *w = calloc((size_t)threads, sizeof(*w));
+	if (!w) {
+		fprintf(stderr, "hotcold: out of memory for %lld thread records\n", threads);
+		return 1;
+	}
+	double t0 = mb_now(CLOCK_MONOTONIC);
+	for (long long i = 0; i < threads; i++) {
+		w[i].hot = hot;
+		w[i].lines = hot_size / MB_LINE;
+		w[i].seed = 0x5eed0000ULL + (uint64_t)i;
+		int err = pthread_create(&w[i].tid, NULL, reader, &w[i]);
+		if (err) {
+			fprintf(stderr, "hotcold: cannot start thread %lld: %s\n", i, strerror(err));
+			atomic_store(&stop, true);
+			for (long long j = 0; j < i; j++)
+				pthread_join(w[j].tid, NULL);
+			return 1;
+		}
+	}
+	int sig = mb_wait_signal(&stopset, seconds);
+	atomic_store(&stop, true);
+	uint64_t ops = 0;
+	for (long long i = 0; i < threads; i++) {
+		pthread_join(w[i].tid, NULL);
+		ops += atomic_load(&w[i].ops);
+	}
+	double elapsed = mb_now(CLOCK_MONOTONIC) - t0;
+	printf("{\"ops\":%" PRIu64 ",\"seconds\":%.6f,\"ops_per_s\":%.1f,\"stopped_by\":\"%s\"}\n",
+	       ops, elapsed, elapsed > 0 ? (double)ops / elapsed : 0.0,
+	       sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "timeout");
+	fflush(stdout);
+	free(w);
+	mb_unmap_aligned(hot, hot_size);
+	mb_unmap_aligned(cold, cold_size);
+	return 0;
+}

@@ -1,0 +1,176 @@
+/* Shared helpers of the ground-truth microbenchmarks (hotcold, phases, gups).
+ * Header-only so that each benchmark stays a single translation unit. */
+#ifndef MICROBENCH_H
+#define MICROBENCH_H
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MB_PAGE 4096UL
+#define MB_HUGE (2UL << 20)
+#define MB_LINE 64UL
+
+static inline double mb_now(clockid_t clk)
+{
+	struct timespec ts;
+	clock_gettime(clk, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* "64M", "1G", "4096", "512k": 1024-based suffixes, optional trailing "B"/"iB". 0 on error. */
+static inline uint64_t mb_parse_size(const char *s)
+{
+	char *end;
+	errno = 0;
+	if (!s || !*s || *s == '-')
+		return 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return 0;
+	unsigned shift = 0;
+	switch (*end) {
+	case 'k': case 'K': shift = 10; end++; break;
+	case 'm': case 'M': shift = 20; end++; break;
+	case 'g': case 'G': shift = 30; end++; break;
+	case 't': case 'T': shift = 40; end++; break;
+	default: break;
+	}
+	if (shift && (end[0] == 'i' || end[0] == 'I') && (end[1] == 'b' || end[1] == 'B'))
+		end += 2;
+	else if (*end == 'b' || *end == 'B')
+		end++;
+	if (*end)
+		return 0;
+	if (shift && v > (UINT64_MAX >> shift))
+		return 0;
+	return (uint64_t)v << shift;
+}
+
+/* Non-negative decimal integer; -1 on error. */
+static inline long long mb_parse_count(const char *s)
+{
+	char *end;
+	errno = 0;
+	if (!s || !*s || *s == '-')
+		return -1;
+	long long v = strtoll(s, &end, 10);
+	if (errno || *end || v < 0)
+		return -1;
+	return v;
+}
+
+/* Non-negative decimal number of seconds (fractions allowed); -1 on error. */
+static inline double mb_parse_seconds(const char *s)
+{
+	char *end;
+	errno = 0;
+	if (!s || !*s)
+		return -1;
+	double v = strtod(s, &end);
+	if (errno || *end || !(v >= 0) || v > 1e9)
+		return -1;
+	return v;
+}
+
+/*
+ * A private anonymous mapping of `size` bytes (rounded up to 4 KiB) starting on a 2 MiB boundary,
+ * so that huge pages can back it, with a PROT_NONE guard page on each side. The guards keep the
+ * kernel from merging it with a neighbouring anonymous mapping, so /proc/PID/maps shows exactly
+ * this range as its own line. No madvise here: whether it gets huge pages is the caller's (or
+ * the agent's) decision.
+ */
+static inline void *mb_map_aligned(uint64_t size)
+{
+	size = (size + MB_PAGE - 1) & ~(MB_PAGE - 1);
+	uint64_t total = size + MB_HUGE + 2 * MB_PAGE;
+	char *raw = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (raw == MAP_FAILED)
+		return NULL;
+	uintptr_t start = ((uintptr_t)raw + MB_PAGE + MB_HUGE - 1) & ~(MB_HUGE - 1);
+	char *lo = (char *)start - MB_PAGE, *hi = (char *)start + size + MB_PAGE;
+	if (lo > raw)
+		munmap(raw, lo - raw);
+	if (raw + total > hi)
+		munmap(hi, raw + total - hi);
+	if (mprotect((void *)start, size, PROT_READ | PROT_WRITE)) {
+		munmap(lo, hi - lo);
+		return NULL;
+	}
+	return (void *)start;
+}
+
+static inline void mb_unmap_aligned(void *p, uint64_t size)
+{
+	size = (size + MB_PAGE - 1) & ~(MB_PAGE - 1);
+	munmap((char *)p - MB_PAGE, size + 2 * MB_PAGE);
+}
+
+/* Write one byte in every 4 KiB page so the whole range is resident (and not the zero page). */
+static inline void mb_touch_pages(void *p, uint64_t size, unsigned char val)
+{
+	volatile unsigned char *c = p;
+	for (uint64_t off = 0; off < size; off += MB_PAGE)
+		c[off] = val;
+}
+
+/* splitmix64: one 64-bit state per thread, good enough to pick cache lines at random. */
+static inline uint64_t mb_rand(uint64_t *state)
+{
+	uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in [0, n) without a division. */
+static inline uint64_t mb_below(uint64_t *state, uint64_t n)
+{
+	return (uint64_t)(((unsigned __int128)mb_rand(state) * n) >> 64);
+}
+
+/*
+ * SIGINT/SIGTERM are blocked in every thread (call before creating threads) and collected by
+ * the main thread with mb_wait_signal, so a stop request ends the run with its final line.
+ */
+static inline void mb_block_stop_signals(sigset_t *set)
+{
+	sigemptyset(set);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, set, NULL);
+}
+
+/* Wait up to `seconds` (0 = forever) for SIGINT/SIGTERM. Returns the signal, or 0 on timeout. */
+static inline int mb_wait_signal(const sigset_t *set, double seconds)
+{
+	if (seconds <= 0) {
+		int sig;
+		while (sigwait(set, &sig))
+			;
+		return sig;
+	}
+	double deadline = mb_now(CLOCK_MONOTONIC) + seconds;
+	for (;;) {
+		double left = deadline - mb_now(CLOCK_MONOTONIC);
+		if (left <= 0)
+			return 0;
+		struct timespec ts = { (time_t)left, (long)((left - (double)(time_t)left) * 1e9) };
+		int sig = sigtimedwait(set, NULL, &ts);
+		if (sig > 0)
+			return sig;
+		if (errno != EINTR && errno != EAGAIN)
+			return 0;
+	}
+}
+
+#endif
