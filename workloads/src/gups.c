@@ -1,0 +1,246 @@
+/*
+ * gups: random read-modify-write over one big table, the classic TLB-bound kernel.
+ *
+ * A table of 64-bit words in one 2 MiB-aligned anonymous mapping is filled once, then threads
+ * XOR random words with random values, either for a fixed number of updates (the benchmark mode:
+ * same work every run) or for a fixed time. Threads race on the table without locks, as in HPCC
+ * RandomAccess; a lost update now and then does not change the memory behaviour.
+ *
+ * --hugepage makes the program madvise(MADV_HUGEPAGE) the table before filling it: with the host's
+ * THP mode "madvise" that is how this one process gets huge pages without a global switch.
+ */
+#include <getopt.h>
+#include <stdatomic.h>
+
+#include "microbench.h"
+
+#define BATCH 1024
+
+struct worker {
+	pthread_t tid;
+	uint64_t *table;
+	uint64_t words;
+	uint64_t quota; /* updates to do; 0 = until stopped */
+	uint64_t seed;
+	_Atomic uint64_t done;
+	char pad[64];
+};
+
+static atomic_bool stop;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: gups [--size SIZE] [--updates N | --seconds S] [--threads T] [--hugepage]\n"
+		"  Random read-modify-write (XOR) of 64-bit words of a SIZE-byte table (one 2 MiB-aligned\n"
+		"  anonymous mmap, filled once before timing starts).\n"
+		"  --size SIZE   table size (default 1G); suffixes K, M, G (1024-based)\n"
+		"  --updates N   do N updates in total, split over the threads (fixed work)\n"
+		"  --seconds S   or run S seconds (default 10 when --updates is not given;\n"
+		"                0 = until SIGINT/SIGTERM)\n"
+		"  --threads T   updater threads, 1..1024 (default 1)\n"
+		"  --hugepage    madvise(MADV_HUGEPAGE) the table before filling it (default: no madvise)\n"
+		"stdout, one JSON object per line:\n"
+		"  at start: {\"pid\":P,\"table\":{\"start\":A,\"end\":B}}   (decimal, end exclusive)\n"
+		"  at end:   {\"size\":B,\"threads\":T,\"hugepage\":bool,\"updates\":N,\"seconds\":S,\n"
+		"             \"ns_per_update\":X,\"gups\":G,\"anon_huge_kb\":K,\"stopped_by\":...}\n"
+		"  ns_per_update = wall time / total updates (all threads together);\n"
+		"  anon_huge_kb = AnonHugePages of the table's mapping at the end (null if unreadable).\n"
+		"Exit status: 0 done, 1 runtime failure, 2 bad arguments.\n");
+}
+
+static void bad_args(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "gups: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	exit(2);
+}
+
+static void *updater(void *arg)
+{
+	struct worker *w = arg;
+	uint64_t state = w->seed, n = 0;
+	uint64_t *t = w->table;
+	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+		uint64_t batch = BATCH;
+		if (w->quota && w->quota - n < batch)
+			batch = w->quota - n;
+		for (uint64_t i = 0; i < batch; i++) {
+			uint64_t r = mb_rand(&state);
+			t[(uint64_t)(((unsigned __int128)r * w->words) >> 64)] ^= r;
+		}
+		n += batch;
+		atomic_store_explicit(&w->done, n, memory_order_relaxed);
+		if (w->quota && n >= w->quota)
+			break;
+	}
+	return NULL;
+}
+
+/* AnonHugePages (kB) of the mapping that starts at `start`, from /proc/self/smaps; -1 if absent. */
+static long long anon_huge_kb(uintptr_t start)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	if (!f)
+		return -1;
+	char line[512];
+	int in_vma = 0;
+	long long kb = -1;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+			in_vma = (lo == start);
+			continue;
+		}
+		if (in_vma && sscanf(line, "AnonHugePages: %lld kB", &kb) == 1)
+			break;
+	}
+	fclose(f);
+	return kb;
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t size = 1ULL << 30;
+	long long threads = 1, updates = -1;
+	double seconds = -1;
+	bool hugepage = false;
+	static const struct option opts[] = {
+		{ "size", required_argument, NULL, 'z' },
+		{ "updates", required_argument, NULL, 'u' },
+		{ "seconds", required_argument, NULL, 's' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "hugepage", no_argument, NULL, 'g' },
+		{ "help", no_argument, NULL, 'H' },
+		{ 0 },
+	};
+	int opt;
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'z':
+			size = mb_parse_size(optarg);
+			if (size < sizeof(uint64_t))
+				bad_args("--size: '%s' is not a size >= 8 (e.g. 2G)", optarg);
+			break;
+		case 'u':
+			if ((updates = mb_parse_count(optarg)) < 1)
+				bad_args("--updates: '%s' is not a count >= 1", optarg);
+			break;
+		case 's':
+			if ((seconds = mb_parse_seconds(optarg)) < 0)
+				bad_args("--seconds: '%s' is not a number of seconds >= 0", optarg);
+			break;
+		case 't':
+			threads = mb_parse_count(optarg);
+			if (threads < 1 || threads > 1024)
+				bad_args("--threads: '%s' is not a number from 1 to 1024", optarg);
+			break;
+		case 'g':
+			hugepage = true;
+			break;
+		case 'H':
+			usage(stdout);
+			return 0;
+		default:
+			bad_args("unknown or incomplete option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		bad_args("unexpected argument '%s'", argv[optind]);
+	if (updates > 0 && seconds >= 0)
+		bad_args("--updates and --seconds exclude each other%s", "");
+	if (updates < 0 && seconds < 0)
+		seconds = 10;
+
+	sigset_t stopset;
+	mb_block_stop_signals(&stopset);
+
+	uint64_t words = size / sizeof(uint64_t);
+	uint64_t *table = mb_map_aligned(size);
+	if (!table) {
+		fprintf(stderr, "gups: mmap of %" PRIu64 " bytes failed: %s\n", size, strerror(errno));
+		return 1;
+	}
+	if (hugepage && madvise(table, (size + MB_PAGE - 1) & ~(MB_PAGE - 1), MADV_HUGEPAGE)) {
+		fprintf(stderr, "gups: madvise(MADV_HUGEPAGE) failed: %s (THP not built in or set to "
+			"'never'?); continuing on 4 KiB pages\n", strerror(errno));
+		hugepage = false;
+	}
+	for (uint64_t i = 0; i < words; i++)
+		table[i] = i;
+
+	printf("{\"pid\":%d,\"table\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "}}\n",
+	       (int)getpid(), (uintptr_t)table, (uintptr_t)table + (uintptr_t)size);
+	fflush(stdout);
+
+	struct worker *w = calloc((size_t)threads, sizeof(*w));
+	if (!w) {
+		fprintf(stderr, "gups: out of memory for %lld thread records\n", threads);
+		return 1;
+	}
+	double t0 = mb_now(CLOCK_MONOTONIC);
+	for (long long i = 0; i < threads; i++) {
+		w[i].table = table;
+		w[i].words = words;
+		if (updates > 0)
+			w[i].quota = (uint64_t)updates / (uint64_t)threads +
+				     ((uint64_t)i < (uint64_t)updates % (uint64_t)threads);
+		w[i].seed = 0x6a050000ULL + (uint64_t)i;
+		if (updates > 0 && !w[i].quota) {
+			w[i].tid = 0;
+			continue;
+		}
+		int err = pthread_create(&w[i].tid, NULL, updater, &w[i]);
+		if (err) {
+			fprintf(stderr, "gups: cannot start thread %lld: %s\n", i, strerror(err));
+			atomic_store(&stop, true);
+			for (long long j = 0; j < i; j++)
+				if (w[j].tid)
+					pthread_join(w[j].tid, NULL);
+			return 1;
+		}
+	}
+	int sig = 0;
+	if (updates > 0) {
+		/* Fixed work: the main thread only watches for a stop request until all are done. */
+		for (;;) {
+			uint64_t total = 0;
+			for (long long i = 0; i < threads; i++)
+				total += atomic_load_explicit(&w[i].done, memory_order_relaxed);
+			if (total >= (uint64_t)updates)
+				break;
+			if ((sig = mb_wait_signal(&stopset, 0.01)))
+				break;
+		}
+	} else {
+		sig = mb_wait_signal(&stopset, seconds);
+	}
+	atomic_store(&stop, true);
+	uint64_t done = 0;
+	for (long long i = 0; i < threads; i++) {
+		if (w[i].tid)
+			pthread_join(w[i].tid, NULL);
+		done += atomic_load(&w[i].done);
+	}
+	double elapsed = mb_now(CLOCK_MONOTONIC) - t0;
+	long long huge_kb = anon_huge_kb((uintptr_t)table);
+	char huge_buf[32];
+	if (huge_kb >= 0)
+		snprintf(huge_buf, sizeof(huge_buf), "%lld", huge_kb);
+	else
+		snprintf(huge_buf, sizeof(huge_buf), "null");
+	printf("{\"size\":%" PRIu64 ",\"threads\":%lld,\"hugepage\":%s,\"updates\":%" PRIu64
+	       ",\"seconds\":%.6f,\"ns_per_update\":%.3f,\"gups\":%.6f,\"anon_huge_kb\":%s,"
+	       "\"stopped_by\":\"%s\"}\n",
+	       size, threads, hugepage ? "true" : "false", done, elapsed,
+	       done ? elapsed * 1e9 / (double)done : 0.0, elapsed > 0 ? (double)done / elapsed / 1e9 : 0.0,
+	       huge_buf,
+	       sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : updates > 0 ? "done" : "timeout");
+	fflush(stdout);
+	free(w);
+	mb_unmap_aligned(table, size);
+	return 0;
+}

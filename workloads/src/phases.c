@@ -1,0 +1,205 @@
+/*
+ * phases: ground truth for "does the agent follow a moving hot set".
+ *
+ * N equal regions, each its own 2 MiB-aligned anonymous mapping, all written once at start. The
+ * run is a sequence of timed phases; in phase i every thread reads random cache lines of region
+ * i mod N only, so the hot set jumps from region to region and the previous one goes cold. Each
+ * phase's range and its start time are printed as a JSON line the moment the switch happens, so
+ * a scorer can line DAMON's snapshots up against the truth. No madvise here.
+ */
+#include <getopt.h>
+#include <stdatomic.h>
+
+#include "microbench.h"
+
+#define BATCH 1024
+
+struct worker {
+	pthread_t tid;
+	uint64_t seed;
+	_Atomic uint64_t ops;
+	uint64_t sink;
+	char pad[64];
+};
+
+static atomic_bool stop;
+/* The region the workers read now; the main thread swaps it at each phase boundary. */
+static _Atomic(const uint64_t *) current;
+static uint64_t lines_per_region;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: phases [--regions N] [--region-size SIZE] [--phase-seconds S] [--phases M]\n"
+		"              [--threads T]\n"
+		"  Maps N regions (separate anonymous mmaps, 2 MiB-aligned, no madvise), writes every\n"
+		"  4 KiB page of each once, then runs M phases of S seconds; in phase i, T threads read\n"
+		"  random 64-byte lines of region i mod N only.\n"
+		"  --regions N        number of regions, 1..4096 (default 4)\n"
+		"  --region-size SIZE size of each region (default 64M); suffixes K, M, G (1024-based)\n"
+		"  --phase-seconds S  length of a phase, fractions allowed, > 0 (default 5)\n"
+		"  --phases M         number of phases (default N; 0 = cycle until SIGINT/SIGTERM)\n"
+		"  --threads T        reader threads, 1..1024 (default 1)\n"
+		"stdout, one JSON object per line:\n"
+		"  at start:  {\"pid\":P,\"regions\":[{\"start\":A,\"end\":B},...]}\n"
+		"  per phase: {\"phase\":I,\"region\":R,\"start\":A,\"end\":B,\"t_mono\":S,\"t_wall\":W}\n"
+		"             (t_mono: CLOCK_MONOTONIC seconds, t_wall: CLOCK_REALTIME seconds since\n"
+		"             the epoch, both taken when the workers are switched to the region)\n"
+		"  at end:    {\"phases\":K,\"ops\":N,\"seconds\":T,\"ops_per_s\":R,\"stopped_by\":...}\n"
+		"Addresses are decimal, end exclusive. Exit status: 0 done, 1 runtime failure,\n"
+		"2 bad arguments.\n");
+}
+
+static void bad_args(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "phases: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	exit(2);
+}
+
+static void *reader(void *arg)
+{
+	struct worker *w = arg;
+	uint64_t state = w->seed, sum = 0;
+	const uint64_t words_per_line = MB_LINE / sizeof(uint64_t);
+	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+		const uint64_t *region = atomic_load_explicit(&current, memory_order_acquire);
+		for (int i = 0; i < BATCH; i++)
+			sum += region[mb_below(&state, lines_per_region) * words_per_line];
+		atomic_fetch_add_explicit(&w->ops, BATCH, memory_order_relaxed);
+	}
+	w->sink = sum;
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	long long nregions = 4, nphases = -1, threads = 1;
+	uint64_t region_size = 64ULL << 20;
+	double phase_seconds = 5;
+	static const struct option opts[] = {
+		{ "regions", required_argument, NULL, 'n' },
+		{ "region-size", required_argument, NULL, 'z' },
+		{ "phase-seconds", required_argument, NULL, 's' },
+		{ "phases", required_argument, NULL, 'p' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "help", no_argument, NULL, 'H' },
+		{ 0 },
+	};
+	int opt;
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'n':
+			nregions = mb_parse_count(optarg);
+			if (nregions < 1 || nregions > 4096)
+				bad_args("--regions: '%s' is not a number from 1 to 4096", optarg);
+			break;
+		case 'z':
+			region_size = mb_parse_size(optarg);
+			if (region_size < MB_LINE)
+				bad_args("--region-size: '%s' is not a size >= 64 (e.g. 64M)", optarg);
+			break;
+		case 's':
+			phase_seconds = mb_parse_seconds(optarg);
+			if (!(phase_seconds > 0))
+				bad_args("--phase-seconds: '%s' is not a number of seconds > 0", optarg);
+			break;
+		case 'p':
+			if ((nphases = mb_parse_count(optarg)) < 0)
+				bad_args("--phases: '%s' is not a count >= 0", optarg);
+			break;
+		case 't':
+			threads = mb_parse_count(optarg);
+			if (threads < 1 || threads > 1024)
+				bad_args("--threads: '%s' is not a number from 1 to 1024", optarg);
+			break;
+		case 'H':
+			usage(stdout);
+			return 0;
+		default:
+			bad_args("unknown or incomplete option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		bad_args("unexpected argument '%s'", argv[optind]);
+	if (nphases < 0)
+		nphases = nregions;
+
+	sigset_t stopset;
+	mb_block_stop_signals(&stopset);
+
+	uint64_t **regions = calloc((size_t)nregions, sizeof(*regions));
+	struct worker *w = calloc((size_t)threads, sizeof(*w));
+	if (!regions || !w) {
+		fprintf(stderr, "phases: out of memory for bookkeeping\n");
+		return 1;
+	}
+	for (long long r = 0; r < nregions; r++) {
+		regions[r] = mb_map_aligned(region_size);
+		if (!regions[r]) {
+			fprintf(stderr, "phases: mmap of region %lld (%" PRIu64 " bytes) failed: %s\n",
+				r, region_size, strerror(errno));
+			return 1;
+		}
+		mb_touch_pages(regions[r], region_size, (unsigned char)(r + 1));
+	}
+	lines_per_region = region_size / MB_LINE;
+
+	printf("{\"pid\":%d,\"regions\":[", (int)getpid());
+	for (long long r = 0; r < nregions; r++)
+		printf("%s{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "}", r ? "," : "",
+		       (uintptr_t)regions[r], (uintptr_t)regions[r] + (uintptr_t)region_size);
+	printf("]}\n");
+	fflush(stdout);
+
+	atomic_store(&current, regions[0]);
+	double t0 = mb_now(CLOCK_MONOTONIC);
+	for (long long i = 0; i < threads; i++) {
+		w[i].seed = 0x9a5e0000ULL + (uint64_t)i;
+		int err = pthread_create(&w[i].tid, NULL, reader, &w[i]);
+		if (err) {
+			fprintf(stderr, "phases: cannot start thread %lld: %s\n", i, strerror(err));
+			atomic_store(&stop, true);
+			for (long long j = 0; j < i; j++)
+				pthread_join(w[j].tid, NULL);
+			return 1;
+		}
+	}
+
+	int sig = 0;
+	long long phase;
+	for (phase = 0; nphases == 0 || phase < nphases; phase++) {
+		long long r = phase % nregions;
+		atomic_store_explicit(&current, regions[r], memory_order_release);
+		double mono = mb_now(CLOCK_MONOTONIC), wall = mb_now(CLOCK_REALTIME);
+		printf("{\"phase\":%lld,\"region\":%lld,\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR
+		       ",\"t_mono\":%.6f,\"t_wall\":%.6f}\n",
+		       phase, r, (uintptr_t)regions[r], (uintptr_t)regions[r] + (uintptr_t)region_size,
+		       mono, wall);
+		fflush(stdout);
+		if ((sig = mb_wait_signal(&stopset, phase_seconds))) {
+			phase++;
+			break;
+		}
+	}
+	atomic_store(&stop, true);
+	uint64_t ops = 0;
+	for (long long i = 0; i < threads; i++) {
+		pthread_join(w[i].tid, NULL);
+		ops += atomic_load(&w[i].ops);
+	}
+	double elapsed = mb_now(CLOCK_MONOTONIC) - t0;
+	printf("{\"phases\":%lld,\"ops\":%" PRIu64 ",\"seconds\":%.6f,\"ops_per_s\":%.1f,"
+	       "\"stopped_by\":\"%s\"}\n",
+	       phase, ops, elapsed, elapsed > 0 ? (double)ops / elapsed : 0.0,
+	       sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "timeout");
+	fflush(stdout);
+	for (long long r = 0; r < nregions; r++)
+		mb_unmap_aligned(regions[r], region_size);
+	free(regions);
+	free(w);
+	return 0;
+}
