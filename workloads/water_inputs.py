@@ -10,10 +10,11 @@ line naming both and the command to run. Run the program from OUTDIR:
     cd OUTDIR && water_nsquared < input_<THREADS>
 
 random.in: SPLASH-2's file may not be redistributed, so (workloads-spec.md B.5) we write
-1 + 9*NMOL numbers uniform in [-4, 4] from SplitMix64 (seed 1 unless --seed), one number on the
-first line and three per line after it, each in %.18e form. The stream does not depend on NMOL, so
-the file for a larger set begins with the file for a smaller one. Anyone holding PARSEC's own
-random.in can put it in OUTDIR instead to compare with PARSEC's numbers.
+1 + 9*NMOL numbers uniform in [-4, 4] from Python's random.Random(seed) (Mersenne Twister, seed 1
+unless --seed; uniform(-4, 4) per number), one number on the first line and three per line after
+it, each in %.18e form; workloads/inputsets.py writes the same numbers. The stream does not
+depend on NMOL, so the file for a larger set begins with the file for a smaller one. Anyone
+holding PARSEC's own random.in can put it in OUTDIR instead to compare with PARSEC's numbers.
 
 Standard library only, so the agent-side tooling can call it without numpy.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -81,25 +83,11 @@ def input_text(p: WaterParams) -> str:
     )
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def splitmix64(seed: int):
-    """SplitMix64 (Steele, Lea, Flood 2014): a documented 64-bit generator, easy to redo in C."""
-    state = seed & _MASK64
-    while True:
-        state = (state + 0x9E3779B97F4A7C15) & _MASK64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        yield z ^ (z >> 31)
-
-
 def random_numbers(count: int, seed: int = DEFAULT_SEED) -> list[float]:
-    """count numbers uniform in [-4, 4): top 53 bits of each SplitMix64 output, scaled."""
-    gen = splitmix64(seed)
-    span = RANDOM_HIGH - RANDOM_LOW
-    return [RANDOM_LOW + span * ((next(gen) >> 11) * 2.0**-53) for _ in range(count)]
+    """count numbers uniform in [-4, 4]: Python's random.Random(seed) (MT19937, whose output for
+    an int seed is stable across Python versions), uniform(-4, 4) = -4 + 8 * random()."""
+    rng = random.Random(seed)
+    return [rng.uniform(RANDOM_LOW, RANDOM_HIGH) for _ in range(count)]
 
 
 def random_in_text(nmol: int, seed: int = DEFAULT_SEED) -> str:
@@ -162,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("threads", metavar="THREADS", type=int, help="thread count (9th field)")
     ap.add_argument("outdir", metavar="OUTDIR", type=Path, help="run directory to write into")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                    help=f"SplitMix64 seed for random.in (default {DEFAULT_SEED})")
+                    help=f"random.Random seed for random.in (default {DEFAULT_SEED})")
     args = ap.parse_args(argv)
     try:
         info = generate(args.set, args.threads, args.outdir, args.seed)
