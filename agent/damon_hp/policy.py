@@ -1,0 +1,485 @@
+"""The whole huge-page decision rule: DAMON snapshots in, promotions and demotions out.
+
+Pure: no I/O, no clock, no globals. Everything a decision depends on arrives as an argument
+(the snapshot, the previous `PolicyState`, the target's RSS, its collapsible mappings, the system
+THP mode) and everything it changes leaves as a return value (a `Decision` and the next
+`PolicyState`). The agent threads the state from one call to the next; tests replay recorded
+snapshots through the same functions.
+
+The rule, in order:
+
+1. **Hot regions.** A DAMON region is hot in a snapshot when its access frequency
+   (nr_accesses as a percentage of the snapshot's max_nr_accesses) is at least
+   `hot_access_pct` and its age (aggregation intervals its frequency has held, in seconds) is
+   at least `min_hot_age_s`.
+2. **Aligned ranges.** Adjacent hot regions form hot spans (DAMON may split one hot buffer into
+   several regions; the boundary between two hot regions is not a reason to lose the 2 MiB range
+   across it). A span yields only the 2 MiB-aligned ranges it covers completely, and, when the
+   target's mappings are known, only those inside one mapping (a huge page cannot cross a VMA).
+   A 2 MiB range partly covered by a hot span is never collapsed.
+3. **Hysteresis up.** A range is promoted only after it was hot in `promote_after_snapshots`
+   consecutive snapshots, so one noisy aggregation interval never triggers a collapse.
+4. **Ranking and limits.** Ready ranges are ranked by expected TLB benefit: the access frequency
+   over the range times the size of the hot span it belongs to. They are admitted in that order
+   while the budget (`max_huge_bytes`, `max_huge_rss_pct` of RSS) and the collapse rate limit
+   (`collapse_bytes_per_s`, token bucket of `collapse_burst_s`) allow.
+5. **Hysteresis down.** A promoted range whose access frequency stayed below `hot_access_pct`
+   for `demote_after_s` seconds is demoted: marked MADV_NOHUGEPAGE so that nothing collapses it
+   again. A demoted range that turns hot again is first re-marked MADV_HUGEPAGE (clearing
+   VM_NOHUGEPAGE, which MADV_COLLAPSE refuses) and promoted on a later snapshot.
+6. **Marks.** Under the system THP mode `madvise`, promoted ranges are also marked MADV_HUGEPAGE
+   so that khugepaged keeps them huge and new faults there get huge pages.
+
+Failed collapses (see `record_outcomes`) are retried after an exponential back-off, so a range the
+kernel keeps refusing (EAGAIN under memory pressure, EINVAL for an unsuitable mapping) does not
+burn the rate budget every snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+HUGE_PAGE_BYTES = 2 << 20
+MIB = 1 << 20
+
+
+class RegionLike(Protocol):
+    """What the policy reads of a DAMON region (damon.model.Region has these)."""
+
+    start: int
+    end: int
+    nr_accesses: int
+    age: int
+
+
+class SnapshotLike(Protocol):
+    """What the policy reads of a DAMON snapshot (damon.model.Snapshot has these)."""
+
+    taken_at_s: float
+    aggr_us: int
+    regions: Sequence[RegionLike]
+
+    @property
+    def max_nr_accesses(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    """Thresholds of the decision rule, with the reasons for their defaults.
+
+    hot_access_pct = 5.0
+        DAMON's own example scheme for selective THP ("ethp") calls a region hot from 5 %
+        access. Before a range is collapsed DAMON samples a 4 KiB PTE's accessed bit, so a large
+        randomly read buffer -- the case huge pages help most -- shows only a few accesses per
+        aggregation interval even when it is the hottest memory of the process; a higher
+        threshold would miss exactly that case. After collapse the PMD's accessed bit is sampled
+        and the same buffer reads near 100 %.
+    min_hot_age_s = 0.0
+        DAMON resets a region's age whenever its sampled frequency moves by more than about a
+        tenth of the maximum, which a randomly read buffer does most intervals before collapse;
+        requiring age there would delay promotion by seconds for nothing. Noise is filtered by
+        `promote_after_snapshots` instead. Raise it to ignore short-lived bursts.
+    promote_after_snapshots = 3
+        Three consecutive hot snapshots (0.3 s at the default 100 ms aggregation) keep one
+        noisy interval from triggering a collapse, which costs a 2 MiB copy per range.
+    demote_after_s = 30.0
+        DAMON's ethp example demotes after 7 s idle; a promoted range has already paid for its
+        collapse, so we wait longer before giving it up, so that phases a few seconds apart
+        (a solver iteration, a checkpoint) do not flip ranges back and forth.
+    max_huge_bytes = None, max_huge_rss_pct = None
+        No budget by default: the hot threshold is the selector. Set either (or both: the smaller
+        wins) to cap the huge-page memory this agent creates.
+    collapse_bytes_per_s = 256 MiB/s, collapse_burst_s = 1.0
+        MADV_COLLAPSE copies each range and may compact or reclaim, charged to the agent. 512 MB
+        collapsed in about 0.3 s on the development host, so 256 MiB/s keeps the agent's kernel
+        time around a sixth of a core while still covering a 1 GiB hot set in about 4 s.
+    retry_after_s = 2.0, max_retry_after_s = 60.0
+        A refused collapse (EAGAIN, ENOMEM, EINVAL) is retried after 2 s, doubling up to a minute.
+    """
+
+    hot_access_pct: float = 5.0
+    min_hot_age_s: float = 0.0
+    promote_after_snapshots: int = 3
+    demote_after_s: float = 30.0
+    max_huge_bytes: int | None = None
+    max_huge_rss_pct: float | None = None
+    collapse_bytes_per_s: int = 256 * MIB
+    collapse_burst_s: float = 1.0
+    retry_after_s: float = 2.0
+    max_retry_after_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hot_access_pct <= 100.0:
+            raise ValueError(f"hot_access_pct must be within 0..100, got {self.hot_access_pct}")
+        if self.min_hot_age_s < 0 or self.demote_after_s < 0:
+            raise ValueError("min_hot_age_s and demote_after_s must not be negative")
+        if self.promote_after_snapshots < 1:
+            raise ValueError("promote_after_snapshots must be at least 1")
+        if self.max_huge_bytes is not None and self.max_huge_bytes < 0:
+            raise ValueError("max_huge_bytes must not be negative")
+        if self.max_huge_rss_pct is not None and not 0 <= self.max_huge_rss_pct <= 100:
+            raise ValueError("max_huge_rss_pct must be within 0..100")
+        if self.collapse_bytes_per_s <= 0 or self.collapse_burst_s <= 0:
+            raise ValueError("collapse_bytes_per_s and collapse_burst_s must be positive")
+
+
+@dataclass(frozen=True, order=True)
+class Span:
+    """A byte range [start, end) of the target's virtual address space."""
+
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What the policy remembers between snapshots. Treat as immutable: functions return a new one.
+
+    Ranges are keyed by the start address of their 2 MiB-aligned range.
+    """
+
+    hot_streak: Mapping[int, int] = field(default_factory=dict)
+    """consecutive snapshots each not-yet-promoted range has been hot"""
+    promoted: Mapping[int, float] = field(default_factory=dict)
+    """promoted range -> last snapshot time (s) it was accessed at or above the hot threshold"""
+    demoted: frozenset[int] = frozenset()
+    """ranges marked MADV_NOHUGEPAGE after going cold"""
+    remarked: Mapping[int, float] = field(default_factory=dict)
+    """formerly demoted ranges re-marked MADV_HUGEPAGE -> time of the re-mark"""
+    retry_at: Mapping[int, float] = field(default_factory=dict)
+    """range whose collapse failed -> earliest time to try again"""
+    failures: Mapping[int, int] = field(default_factory=dict)
+    """range -> consecutive failed collapses (for the back-off)"""
+    credit_bytes: float | None = None
+    """collapse rate-limit tokens; None until the first snapshot"""
+    last_taken_at_s: float | None = None
+
+    @property
+    def promoted_bytes(self) -> int:
+        return len(self.promoted) * HUGE_PAGE_BYTES
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after one snapshot, and what the snapshot showed."""
+
+    taken_at_s: float
+    hot_bytes: int
+    """bytes of the regions that were hot in this snapshot (not aligned)"""
+    hot_regions: tuple[Span, ...]
+    hot_ranges: tuple[int, ...]
+    """2 MiB ranges fully covered by hot spans, in address order"""
+    promote: tuple[int, ...]
+    """ranges to collapse now, best first"""
+    demote: tuple[int, ...]
+    """promoted ranges that went cold: add them to the MADV_NOHUGEPAGE marks"""
+    hugepage_marks: tuple[Span, ...]
+    """the full set of ranges the MADV_HUGEPAGE scheme must cover after this decision"""
+    nohugepage_marks: tuple[Span, ...]
+    """the full set of ranges the MADV_NOHUGEPAGE scheme must cover after this decision"""
+    held_by_budget: int = 0
+    """ready ranges not promoted because of the budget"""
+    held_by_rate: int = 0
+    """ready ranges not promoted because of the collapse rate limit"""
+    budget_bytes: int | None = None
+
+
+def access_pct(nr_accesses: int, max_nr_accesses: int) -> float:
+    """A region's access frequency as a percentage of the most a snapshot can show."""
+    if max_nr_accesses <= 0:
+        return 0.0
+    return min(100.0, 100.0 * nr_accesses / max_nr_accesses)
+
+
+def align_up(addr: int) -> int:
+    return -(-addr // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+
+
+def align_down(addr: int) -> int:
+    return addr // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+
+
+def aligned_ranges(span: Span) -> list[int]:
+    """Starts of the 2 MiB-aligned ranges that lie completely inside `span`."""
+    return list(range(align_up(span.start), align_down(span.end), HUGE_PAGE_BYTES))
+
+
+def coalesce(starts: Iterable[int]) -> tuple[Span, ...]:
+    """Turn 2 MiB range starts into the fewest contiguous spans."""
+    spans: list[Span] = []
+    for start in sorted(set(starts)):
+        if spans and spans[-1].end == start:
+            spans[-1] = Span(spans[-1].start, start + HUGE_PAGE_BYTES)
+        else:
+            spans.append(Span(start, start + HUGE_PAGE_BYTES))
+    return tuple(spans)
+
+
+def merge_adjacent(spans: Iterable[Span]) -> list[Span]:
+    """Merge touching or overlapping spans."""
+    merged: list[Span] = []
+    for span in sorted(spans):
+        if merged and span.start <= merged[-1].end:
+            merged[-1] = Span(merged[-1].start, max(merged[-1].end, span.end))
+        else:
+            merged.append(span)
+    return merged
+
+
+def _intersect(spans: Sequence[Span], limits: Sequence[Span]) -> list[Span]:
+    out = []
+    for s in spans:
+        for lim in limits:
+            start, end = max(s.start, lim.start), min(s.end, lim.end)
+            if start < end:
+                out.append(Span(start, end))
+    return out
+
+
+@dataclass(frozen=True)
+class _RangeHeat:
+    """Per 2 MiB range: the byte-weighted access frequency and the largest overlapping one."""
+
+    mean_pct: float
+    max_pct: float
+
+
+def _range_heat(snapshot: SnapshotLike, starts: Iterable[int]) -> dict[int, _RangeHeat]:
+    """Access frequency over each 2 MiB range, from the regions overlapping it.
+
+    Regions are sorted; a two-pointer walk keeps this linear in regions + ranges.
+    """
+    regions = sorted(snapshot.regions, key=lambda r: r.start)
+    max_acc = snapshot.max_nr_accesses
+    heat: dict[int, _RangeHeat] = {}
+    i = 0
+    for start in sorted(set(starts)):
+        end = start + HUGE_PAGE_BYTES
+        while i < len(regions) and regions[i].end <= start:
+            i += 1
+        weighted = 0.0
+        peak = 0.0
+        j = i
+        while j < len(regions) and regions[j].start < end:
+            r = regions[j]
+            overlap = min(r.end, end) - max(r.start, start)
+            if overlap > 0:
+                pct = access_pct(r.nr_accesses, max_acc)
+                weighted += pct * overlap
+                peak = max(peak, pct)
+            j += 1
+        heat[start] = _RangeHeat(weighted / HUGE_PAGE_BYTES, peak)
+    return heat
+
+
+def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[Span]:
+    """Regions that pass both the access-frequency and the age threshold."""
+    max_acc = snapshot.max_nr_accesses
+    aggr_s = snapshot.aggr_us / 1e6
+    return sorted(
+        Span(r.start, r.end)
+        for r in snapshot.regions
+        if access_pct(r.nr_accesses, max_acc) >= params.hot_access_pct
+        and r.age * aggr_s >= params.min_hot_age_s
+        and r.end > r.start
+    )
+
+
+def hot_spans(
+    snapshot: SnapshotLike,
+    params: PolicyParams,
+    mappings: Sequence[Span] | None = None,
+) -> list[Span]:
+    """Hot regions merged where adjacent, cut to the target's mappings when those are known."""
+    spans = merge_adjacent(hot_regions(snapshot, params))
+    if mappings is not None:
+        # Mappings are not merged: a huge page cannot straddle two VMAs even when they touch.
+        spans = _intersect(spans, sorted(mappings))
+    return spans
+
+
+def _budget_bytes(params: PolicyParams, rss_bytes: int | None) -> int | None:
+    limits = []
+    if params.max_huge_bytes is not None:
+        limits.append(params.max_huge_bytes)
+    if params.max_huge_rss_pct is not None and rss_bytes is not None:
+        limits.append(int(rss_bytes * params.max_huge_rss_pct / 100))
+    return min(limits) if limits else None
+
+
+def _inside_any(start: int, mappings: Sequence[Span]) -> bool:
+    end = start + HUGE_PAGE_BYTES
+    return any(m.start <= start and end <= m.end for m in mappings)
+
+
+def decide(
+    snapshot: SnapshotLike,
+    state: PolicyState,
+    params: PolicyParams,
+    *,
+    rss_bytes: int | None = None,
+    mappings: Sequence[Span] | None = None,
+    thp_mode: str = "never",
+) -> tuple[Decision, PolicyState]:
+    """Decide what to promote and demote after `snapshot`; return the decision and next state.
+
+    rss_bytes: the target's resident set (for `max_huge_rss_pct`); None = unknown, that limit off.
+    mappings: the target's mappings where a huge page is possible (private anonymous memory);
+        None = unknown, every aligned range of a hot span is a candidate.
+    thp_mode: the system's THP `enabled` mode (`always`, `madvise`, `never`).
+    The promotions in the decision are plans: report their outcome with `record_outcomes`.
+    """
+    now = snapshot.taken_at_s
+    regions_hot = hot_regions(snapshot, params)
+    spans = merge_adjacent(regions_hot)
+    if mappings is not None:
+        spans = _intersect(spans, sorted(mappings))
+    hot_set: list[int] = []
+    span_of: dict[int, int] = {}
+    for span in spans:
+        for start in aligned_ranges(span):
+            hot_set.append(start)
+            span_of[start] = span.size
+    hot_set.sort()
+    hot_lookup = set(hot_set)
+    heat = _range_heat(snapshot, list(hot_lookup) + list(state.promoted))
+
+    # Forget ranges whose memory is gone: nothing to keep huge or mark there.
+    promoted = dict(state.promoted)
+    demoted = set(state.demoted)
+    remarked = dict(state.remarked)
+    if mappings is not None:
+        for table in (promoted, remarked):
+            for start in [s for s in table if not _inside_any(s, mappings)]:
+                del table[start]
+        demoted = {s for s in demoted if _inside_any(s, mappings)}
+
+    # Hysteresis up: count consecutive hot snapshots of ranges not already huge.
+    streak = {
+        start: state.hot_streak.get(start, 0) + 1 for start in hot_set if start not in promoted
+    }
+
+    # Hysteresis down: promoted ranges below the threshold for demote_after_s.
+    demote: list[int] = []
+    for start, last_hot in list(promoted.items()):
+        h = heat.get(start)
+        if h is not None and h.max_pct >= params.hot_access_pct:
+            promoted[start] = now
+        elif now - last_hot >= params.demote_after_s:
+            del promoted[start]
+            demoted.add(start)
+            demote.append(start)
+
+    # A demoted range that is hot again must lose VM_NOHUGEPAGE before it can be collapsed.
+    for start, count in streak.items():
+        if start in demoted and count >= params.promote_after_snapshots:
+            demoted.discard(start)
+            remarked[start] = now
+
+    ready = [
+        start
+        for start, count in streak.items()
+        if count >= params.promote_after_snapshots
+        and start not in demoted
+        and not (start in remarked and remarked[start] >= now)
+        and state.retry_at.get(start, float("-inf")) <= now
+    ]
+    ready.sort(key=lambda s: (-heat[s].mean_pct * span_of[s], s))
+
+    # Limits: budget on huge bytes held, token bucket on bytes collapsed per second.
+    budget = _budget_bytes(params, rss_bytes)
+    burst = params.collapse_bytes_per_s * params.collapse_burst_s
+    if state.credit_bytes is None or state.last_taken_at_s is None:
+        credit = burst
+    else:
+        elapsed = max(0.0, now - state.last_taken_at_s)
+        credit = min(burst, state.credit_bytes + elapsed * params.collapse_bytes_per_s)
+    held_bytes = len(promoted) * HUGE_PAGE_BYTES
+    promote: list[int] = []
+    held_by_budget = held_by_rate = 0
+    for start in ready:
+        if budget is not None and held_bytes + HUGE_PAGE_BYTES > budget:
+            held_by_budget += 1
+        elif credit < HUGE_PAGE_BYTES:
+            held_by_rate += 1
+        else:
+            promote.append(start)
+            held_bytes += HUGE_PAGE_BYTES
+            credit -= HUGE_PAGE_BYTES
+
+    marks = set(remarked)
+    if thp_mode == "madvise":
+        marks |= set(promoted) | set(promote)
+    decision = Decision(
+        taken_at_s=now,
+        hot_bytes=sum(s.size for s in regions_hot),
+        hot_regions=tuple(regions_hot),
+        hot_ranges=tuple(hot_set),
+        promote=tuple(promote),
+        demote=tuple(sorted(demote)),
+        hugepage_marks=coalesce(marks),
+        nohugepage_marks=coalesce(demoted),
+        held_by_budget=held_by_budget,
+        held_by_rate=held_by_rate,
+        budget_bytes=budget,
+    )
+    # Back-off only matters while a range stays hot; a range that cools and heats again starts over.
+    retry_at = {s: t for s, t in state.retry_at.items() if s in hot_lookup}
+    failures = {s: n for s, n in state.failures.items() if s in hot_lookup}
+    next_state = replace(
+        state,
+        hot_streak=streak,
+        retry_at=retry_at,
+        failures=failures,
+        promoted=promoted,
+        demoted=frozenset(demoted),
+        remarked=remarked,
+        credit_bytes=credit,
+        last_taken_at_s=now,
+    )
+    return decision, next_state
+
+
+def record_outcomes(
+    state: PolicyState,
+    outcomes: Mapping[int, str | None],
+    params: PolicyParams,
+    now_s: float,
+) -> PolicyState:
+    """Fold collapse results into the state: range start -> None (collapsed) or an errno name.
+
+    A collapsed range becomes promoted (and stops being re-marked); a refused one is retried after
+    `retry_after_s`, doubling with each consecutive refusal up to `max_retry_after_s`.
+    """
+    promoted = dict(state.promoted)
+    remarked = dict(state.remarked)
+    retry_at = dict(state.retry_at)
+    failures = dict(state.failures)
+    streak = dict(state.hot_streak)
+    for start, error in outcomes.items():
+        if error is None:
+            promoted[start] = now_s
+            streak.pop(start, None)
+            retry_at.pop(start, None)
+            failures.pop(start, None)
+            # Under `madvise` the mark stays through hugepage_marks; otherwise it has done its job.
+            remarked.pop(start, None)
+        else:
+            n = failures.get(start, 0) + 1
+            failures[start] = n
+            delay = min(params.max_retry_after_s, params.retry_after_s * 2 ** (n - 1))
+            retry_at[start] = now_s + delay
+    return replace(
+        state,
+        promoted=promoted,
+        remarked=remarked,
+        retry_at=retry_at,
+        failures=failures,
+        hot_streak=streak,
+    )

@@ -1,0 +1,293 @@
+"""Readers of /proc (and the THP mode in sysfs): what a process maps, holds and costs.
+
+Read-only. Each reader raises `ProcessGone` when the process has exited, so the agent can tell a
+finished target from a broken reader.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from damon_hp.errors import DamonHpError
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+class ProcessGone(DamonHpError):
+    """The process exited (or was reaped) while we read its /proc files."""
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError) as e:
+        raise ProcessGone(f"{path}: the process has exited") from e
+    except OSError as e:
+        # /proc/PID/* of a zombie or a vanishing task can fail with ESRCH.
+        if e.errno == errno.ESRCH:
+            raise ProcessGone(f"{path}: the process has exited") from e
+        raise
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One line of /proc/PID/maps (a VMA) plus, when read from smaps, its counters in bytes."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    inode: int
+    path: str
+    counters: dict[str, int] = field(default_factory=dict, compare=False)
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def anonymous_private(self) -> bool:
+        """Private memory not backed by a file: where MADV_COLLAPSE can build anon huge pages."""
+        return (
+            self.perms[3:4] == "p"
+            and self.inode == 0
+            and self.path not in ("[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]")
+        )
+
+    def counter(self, name: str) -> int:
+        return self.counters.get(name, 0)
+
+
+def _parse_map_line(line: str) -> Mapping:
+    parts = line.split(None, 5)
+    lo, hi = parts[0].split("-")
+    return Mapping(
+        start=int(lo, 16),
+        end=int(hi, 16),
+        perms=parts[1],
+        offset=int(parts[2], 16),
+        inode=int(parts[4]),
+        path=parts[5].strip() if len(parts) > 5 else "",
+    )
+
+
+def read_maps(pid: int) -> list[Mapping]:
+    """The VMAs of `pid`, without counters (cheap: no page-table walk)."""
+    return [_parse_map_line(line) for line in _read(f"/proc/{pid}/maps").splitlines() if line]
+
+
+def _parse_counter(line: str) -> tuple[str, int] | None:
+    key, _, rest = line.partition(":")
+    fields = rest.split()
+    if not fields:
+        return None
+    try:
+        value = int(fields[0])
+    except ValueError:
+        return None  # VmFlags and similar
+    unit = fields[1] if len(fields) > 1 else ""
+    return key, value * 1024 if unit == "kB" else value
+
+
+def read_smaps(pid: int) -> list[Mapping]:
+    """The VMAs of `pid` with their smaps counters (Rss, AnonHugePages, ...) in bytes."""
+    maps: list[Mapping] = []
+    for line in _read(f"/proc/{pid}/smaps").splitlines():
+        head = line.split(None, 1)[0] if line else ""
+        if "-" in head and ":" not in head:
+            maps.append(_parse_map_line(line))
+        elif maps:
+            parsed = _parse_counter(line)
+            if parsed:
+                maps[-1].counters[parsed[0]] = parsed[1]
+    return maps
+
+
+def smaps_rollup(pid: int) -> dict[str, int]:
+    """/proc/PID/smaps_rollup counters in bytes (Rss, AnonHugePages, ...)."""
+    out: dict[str, int] = {}
+    for line in _read(f"/proc/{pid}/smaps_rollup").splitlines()[1:]:
+        parsed = _parse_counter(line)
+        if parsed:
+            out[parsed[0]] = parsed[1]
+    return out
+
+
+@dataclass(frozen=True)
+class RangeMemory:
+    """Resident and huge-page bytes of the part of a process's memory inside some ranges."""
+
+    rss_bytes: int
+    anon_huge_bytes: int
+
+
+def smaps_in_ranges(maps: Sequence[Mapping], ranges: Iterable[tuple[int, int]]) -> RangeMemory:
+    """Rss and AnonHugePages of the VMAs inside `ranges` (from `read_smaps`).
+
+    smaps counts per VMA, so for a VMA only partly inside a range this is an upper bound: the
+    VMA's counter, capped at the overlap. Exact when the ranges are whole VMAs; `huge_bytes_in`
+    is exact for any range.
+    """
+    rss = huge = 0
+    for lo, hi in ranges:
+        for m in maps:
+            overlap = min(m.end, hi) - max(m.start, lo)
+            if overlap > 0:
+                rss += min(m.counter("Rss"), overlap)
+                huge += min(m.counter("AnonHugePages"), overlap)
+    return RangeMemory(rss, huge)
+
+
+@dataclass(frozen=True)
+class Status:
+    """Memory counters of /proc/PID/status, in bytes."""
+
+    vm_rss: int
+    vm_hwm: int
+    vm_pte: int
+    threads: int
+
+
+def read_status(pid: int) -> Status:
+    values: dict[str, int] = {}
+    for line in _read(f"/proc/{pid}/status").splitlines():
+        parsed = _parse_counter(line)
+        if parsed:
+            values[parsed[0]] = parsed[1]
+    return Status(
+        vm_rss=values.get("VmRSS", 0),
+        vm_hwm=values.get("VmHWM", 0),
+        vm_pte=values.get("VmPTE", 0),
+        threads=values.get("Threads", 0),
+    )
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Faults and CPU time from /proc/PID/stat (the process and its reaped children)."""
+
+    comm: str
+    state: str
+    minflt: int
+    majflt: int
+    utime_s: float
+    stime_s: float
+    children_utime_s: float
+    children_stime_s: float
+    start_ticks: int
+
+    @property
+    def cpu_s(self) -> float:
+        return self.utime_s + self.stime_s
+
+
+def read_stat(pid: int | str) -> Stat:
+    """Parse /proc/PID/stat (pid may be "self" or "PID/task/TID")."""
+    text = _read(f"/proc/{pid}/stat")
+    # comm may contain spaces and parentheses: it ends at the last ')'.
+    lparen, rparen = text.index("("), text.rindex(")")
+    comm = text[lparen + 1 : rparen]
+    f = text[rparen + 2 :].split()
+    # f[0] is field 3 (state); field N is f[N - 3].
+    return Stat(
+        comm=comm,
+        state=f[0],
+        minflt=int(f[7]),
+        majflt=int(f[9]),
+        utime_s=int(f[11]) / CLOCK_TICKS,
+        stime_s=int(f[12]) / CLOCK_TICKS,
+        children_utime_s=int(f[13]) / CLOCK_TICKS,
+        children_stime_s=int(f[14]) / CLOCK_TICKS,
+        start_ticks=int(f[19]),
+    )
+
+
+def thp_mode(path: str = THP_ENABLED) -> str:
+    """The system THP `enabled` mode: always, madvise or never ("unsupported" without THP)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return "unsupported"
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return "unknown"
+
+
+# PAGEMAP_SCAN (Linux 6.7+): the kernel reports which pages of a range are PMD-mapped THPs,
+# exactly and in one call per batch, instead of per-VMA totals.
+class _PageRegion(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("start", "end", "categories")]
+
+
+class _PmScanArg(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "size", "flags", "start", "end", "walk_end", "vec", "vec_len", "max_pages",
+            "category_inverted", "category_mask", "category_anyof_mask", "return_mask",
+        )
+    ]
+
+
+_PAGE_IS_HUGE = 1 << 6
+_IOC_READ_WRITE = 3
+PAGEMAP_SCAN = (
+    (_IOC_READ_WRITE << 30) | (ctypes.sizeof(_PmScanArg) << 16) | (ord("f") << 8) | 16
+)
+_SCAN_BATCH = 256
+
+
+class PagemapScanUnsupported(DamonHpError):
+    """The kernel has no PAGEMAP_SCAN ioctl (before 6.7)."""
+
+
+def huge_bytes_in(pid: int, ranges: Iterable[tuple[int, int]]) -> int:
+    """Bytes of `ranges` of `pid` mapped by PMD huge pages (THP or hugetlb), from PAGEMAP_SCAN."""
+    path = f"/proc/{pid}/pagemap"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, ProcessLookupError) as e:
+        raise ProcessGone(f"{path}: the process has exited") from e
+    try:
+        vec = (_PageRegion * _SCAN_BATCH)()
+        total = 0
+        for lo, hi in ranges:
+            start = lo
+            while start < hi:
+                arg = _PmScanArg(
+                    size=ctypes.sizeof(_PmScanArg),
+                    start=start,
+                    end=hi,
+                    vec=ctypes.addressof(vec),
+                    vec_len=_SCAN_BATCH,
+                    category_mask=_PAGE_IS_HUGE,
+                    return_mask=_PAGE_IS_HUGE,
+                )
+                try:
+                    n = fcntl.ioctl(fd, PAGEMAP_SCAN, arg, True)
+                except OSError as e:
+                    if e.errno in (errno.ENOTTY, errno.EINVAL) and total == 0:
+                        raise PagemapScanUnsupported(
+                            f"PAGEMAP_SCAN on {path} failed ({errno.errorcode[e.errno]}): "
+                            "this kernel has no exact huge-page scan (needs Linux 6.7+)"
+                        ) from e
+                    if e.errno == errno.ESRCH:
+                        raise ProcessGone(f"{path}: the process has exited") from e
+                    raise
+                total += sum(vec[i].end - vec[i].start for i in range(n))
+                if arg.walk_end <= start:
+                    break
+                start = arg.walk_end
+        return total
+    finally:
+        os.close(fd)

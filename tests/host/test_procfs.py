@@ -1,0 +1,96 @@
+"""procfs readers against real processes of this host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from damon_hp import actuate, procfs
+from damon_hp.policy import HUGE_PAGE_BYTES
+
+CHILD = Path(__file__).with_name("memchild.py")
+
+
+@pytest.fixture
+def child():
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), "8"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    info = json.loads(proc.stdout.readline())
+    yield info
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+def test_smaps_shows_the_populated_buffer_as_resident_and_not_huge(child) -> None:
+    maps = procfs.read_smaps(child["pid"])
+    mem = procfs.smaps_in_ranges(maps, [(child["start"], child["end"])])
+    assert mem.rss_bytes == child["end"] - child["start"]
+    assert mem.anon_huge_bytes == 0
+    vma = next(m for m in maps if m.start <= child["start"] < m.end)
+    assert vma.anonymous_private
+    assert vma.counter("Anonymous") >= child["end"] - child["start"]
+
+
+def test_maps_and_smaps_list_the_same_vmas(child) -> None:
+    plain = [(m.start, m.end, m.perms, m.path) for m in procfs.read_maps(child["pid"])]
+    full = [(m.start, m.end, m.perms, m.path) for m in procfs.read_smaps(child["pid"])]
+    assert plain == full
+
+
+def test_file_mappings_are_not_anonymous_private(child) -> None:
+    maps = procfs.read_maps(child["pid"])
+    python_text = [m for m in maps if m.path and m.path.startswith("/") and m.inode]
+    assert python_text and not any(m.anonymous_private for m in python_text)
+
+
+def test_rollup_and_status_agree_on_resident_memory_after_collapse(child) -> None:
+    with actuate.Target.open(child["pid"]) as target:
+        actuate.collapse(target, range(child["start"], child["end"], HUGE_PAGE_BYTES))
+    rollup = procfs.smaps_rollup(child["pid"])
+    status = procfs.read_status(child["pid"])
+    assert rollup["AnonHugePages"] >= child["end"] - child["start"]
+    assert status.vm_rss >= child["end"] - child["start"]
+    assert status.vm_pte > 0
+    assert status.threads == 1
+
+
+def test_stat_counts_the_faults_of_populating_the_buffer(child) -> None:
+    st = procfs.read_stat(child["pid"])
+    assert st.comm.startswith("python")
+    # One minor fault per 4 KiB page written (no THP at fault: the buffer is not madvised).
+    assert st.minflt >= (child["end"] - child["start"]) // 4096
+    assert st.cpu_s > 0
+
+
+def test_stat_parses_a_command_name_with_spaces_and_parentheses() -> None:
+    code = "open('/proc/self/comm', 'w').write('a) (b c'); print(flush=True); input()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        proc.stdout.readline()
+        st = procfs.read_stat(proc.pid)
+        assert st.comm == "a) (b c"
+        assert st.state in "SR"
+        assert st.minflt > 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_readers_raise_process_gone_for_an_exited_process() -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    for reader in (procfs.read_smaps, procfs.read_status, procfs.read_stat, procfs.smaps_rollup):
+        with pytest.raises(procfs.ProcessGone):
+            reader(proc.pid)
+    with pytest.raises(procfs.ProcessGone):
+        procfs.huge_bytes_in(proc.pid, [(0, HUGE_PAGE_BYTES)])
+
+
+def test_thp_mode_is_one_of_the_kernel_modes() -> None:
+    assert procfs.thp_mode() in ("always", "madvise", "never")
