@@ -9,11 +9,12 @@ PYTEST := $(VENV)/bin/pytest
 CACHE  := .cache
 STAMPS := $(CACHE)/stamps
 
-# Debian 12 packages the project needs on the host. virtiofsd comes from bookworm-backports
-# through the private sources list in kernel-config/ (see kernel-config/README.md).
+# Debian 12 packages the project needs on the host. The test kernel (and virtiofsd, if
+# bookworm-backports ever carries it; until then the VM uses 9p) come through the private
+# apt sources list of kernel-config/fetch-kernel.sh, never through /etc/apt.
 APT_PACKAGES := qemu-system-x86 kmod busybox-static clang llvm libbpf-dev bpftool \
 	libelf-dev zlib1g-dev linux-perf build-essential pkg-config python3-venv python3-pip \
-	cpio zstd
+	cpio zstd file debian-archive-keyring
 
 .PHONY: help setup demo test test-unit test-host test-vm lint workloads bpf kernel \
 	vm-shell vm-run clean
@@ -44,8 +45,9 @@ $(STAMPS)/venv: pyproject.toml | $(STAMPS)
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
+# `make kernel PIN=latest` (or PIN=<debian version>) re-pins kernel-config/pinned-kernel.env.
 kernel: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
-	@kernel-config/fetch-kernel.sh
+	@kernel-config/fetch-kernel.sh $(if $(PIN),--repin '$(PIN)')
 
 workloads: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
 	@$(MAKE) -s -C workloads
@@ -65,20 +67,25 @@ lint: $(STAMPS)/venv
 test: setup
 	$(PYTEST) -ra tests/unit tests/host tests/vm
 
+# A single tier with no tests yet (pytest exit 5) is not a failure.
 test-unit: $(STAMPS)/venv
-	$(PYTEST) -ra tests/unit
+	$(PYTEST) -ra tests/unit || [ $$? -eq 5 ]
 
 test-host: setup
-	$(PYTEST) -ra tests/host
+	$(PYTEST) -ra tests/host || [ $$? -eq 5 ]
 
 test-vm: setup
-	$(PYTEST) -ra tests/vm
+	$(PYTEST) -ra tests/vm || [ $$? -eq 5 ]
 
+# MEM=6G gives the VM more memory (default 4G). make itself exits 2 when CMD fails; the
+# command's own exit code is printed (`.venv/bin/damon-hp vm run -- CMD` returns it as is).
 vm-shell: setup
-	@$(VENV)/bin/damon-hp vm shell
+	@$(VENV)/bin/damon-hp vm shell $(if $(MEM),--mem $(MEM))
 
 vm-run: setup
-	@$(VENV)/bin/damon-hp vm run -- $(CMD)
+	@test -n "$(CMD)" || { echo "usage: make vm-run CMD='command args' [MEM=6G]" >&2; exit 2; }
+	@$(VENV)/bin/damon-hp vm run $(if $(MEM),--mem $(MEM)) -- $(CMD) || { rc=$$?; \
+		echo "vm-run: the command exited with $$rc" >&2; exit $$rc; }
 
 clean:
 	@$(MAKE) -s -C workloads clean || true

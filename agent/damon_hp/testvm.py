@@ -297,15 +297,15 @@ def run_in_vm(
     memory: str = DEFAULT_MEMORY,
     cpus: int = DEFAULT_CPUS,
     timeout_s: float | None = None,
-    stdout: TextIO | None = sys.stdout,
-    stderr: TextIO | None = sys.stderr,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
     console: TextIO | None = None,
     run_dir: Path | None = None,
 ) -> VmResult:
     """Boot the VM, run `command` from the project root, stream its output, return.
 
-    `stdout`/`stderr` receive the command's streams as they grow (None: only files in the run
-    directory); `console` receives the raw VM console. The run directory is writable by the
+    `stdout`/`stderr` receive the command's streams as they grow (None: only the files in the
+    run directory); `console` receives the raw VM console. The run directory is writable by the
     guest (as $DAMON_HP_VM_RUN_DIR) and keeps stdout, stderr, exit_code and console.log.
     """
     if not command:

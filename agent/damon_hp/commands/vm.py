@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     result = testvm.run_in_vm(
         cmd, memory=args.mem, cpus=args.cpus, timeout_s=args.timeout or None,
-        console=sys.stderr if args.console else None,
+        stdout=sys.stdout, stderr=sys.stderr, console=sys.stderr if args.console else None,
     )
     if result.vm_failed:
         print(f"damon-hp vm run: {result.failure_text()}", file=sys.stderr)

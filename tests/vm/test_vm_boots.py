@@ -1,0 +1,64 @@
+"""The test VM is what the vm tier promises: the pinned kernel, a free DAMON with vaddr,
+tracefs, cgroup2, loadable modules (zram) and DAMON_HP_IN_VM set."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from damon_hp.testvm import pinned_kernel
+
+DAMON_ADMIN = Path("/sys/kernel/mm/damon/admin")
+
+
+def _mounts() -> dict[str, str]:
+    """mount point -> filesystem type."""
+    out = {}
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _dev, mnt, fstype, *_ = line.split()
+        out[mnt] = fstype
+    return out
+
+
+def test_vm_runs_the_pinned_kernel():
+    assert os.uname().release == pinned_kernel().release
+
+
+def test_in_vm_flag_is_set():
+    assert os.environ.get("DAMON_HP_IN_VM") == "1"
+
+
+def test_damon_sysfs_offers_vaddr_and_paddr_operations():
+    kdamonds = DAMON_ADMIN / "kdamonds"
+    # A fresh VM runs no kdamond, so the scratch kdamond below is ours to make and remove.
+    assert (kdamonds / "nr_kdamonds").read_text().strip() == "0"
+    (kdamonds / "nr_kdamonds").write_text("1")
+    try:
+        contexts = kdamonds / "0" / "contexts"
+        (contexts / "nr_contexts").write_text("1")
+        ops = (contexts / "0" / "avail_operations").read_text().split()
+    finally:
+        (kdamonds / "nr_kdamonds").write_text("0")
+    assert "vaddr" in ops
+    assert "paddr" in ops
+    assert (kdamonds / "nr_kdamonds").read_text().strip() == "0"
+
+
+def test_tracefs_is_mounted_with_damon_events():
+    assert _mounts().get("/sys/kernel/tracing") == "tracefs"
+    assert Path("/sys/kernel/tracing/events/damon/damon_aggregated").is_dir()
+
+
+def test_cgroup2_is_mounted_with_memory_controller():
+    assert _mounts().get("/sys/fs/cgroup") == "cgroup2"
+    assert "memory" in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
+
+
+def test_zram_module_loads_from_the_unpacked_kernel():
+    subprocess.run(["modprobe", "zram"], check=True, capture_output=True, text=True)
+    try:
+        assert Path("/sys/module/zram").is_dir()
+        assert Path("/sys/block/zram0").exists()
+    finally:
+        subprocess.run(["modprobe", "-r", "zram"], check=False)
