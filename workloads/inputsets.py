@@ -10,9 +10,10 @@ streamcluster's sets are pure command lines (n > 0 means a synthetic stream, so 
 input file; workloads-spec.md A.3). water_nsquared reads 10 fields from stdin (the 9th is the
 thread count) and `random.in` from its working directory (B.2, B.3); both files are written into
 a run directory under workloads/inputs/generated/ (git-ignored). The SPLASH `random.in` may not
-be redistributed, so B.5's replacement is generated here: 1 + 9*NMOL numbers uniform in [-4, 4]
-from Python's `random.Random(seed)` (Mersenne Twister; `uniform(-4, 4)` per number, seed 1 by
-default), one number on line 1, then three per line in `%.18e` form.
+be redistributed, so B.5's replacement is generated (by water_inputs.py's functions): 1 + 9*NMOL
+numbers uniform in [-4, 4] from Python's `random.Random(seed)` (Mersenne Twister; `uniform(-4, 4)`
+per number, seed 1 by default), one number on line 1, then three per line in `%.18e` form. One
+file per (NMOL, seed) is shared by all run directories through a relative symlink.
 
 Standard library only: the agent's experiments and tests import it as a module.
 """
@@ -22,11 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shlex
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import water_inputs  # noqa: E402
 
 WORKLOADS_DIR = Path(__file__).resolve().parent
 BIN_DIR = WORKLOADS_DIR / "bin"
@@ -50,17 +53,10 @@ class StreamclusterSet:
 
 @dataclass(frozen=True)
 class WaterSet:
-    """One row of workloads-spec.md B.3; the other input fields are the same for every set."""
+    """One row of workloads-spec.md B.3 (the fields that differ between sets)."""
 
     nmol: int
     nstep: int
-    nprint: int = 3
-    tstep: str = "1.5e-16"
-    norder: int = 6
-    nsave: int = -1
-    nrst: int = 3000
-    nfmc: int = 0
-    cutoff: str = "6.212752"
 
 
 STREAMCLUSTER_SETS: dict[str, StreamclusterSet] = {
@@ -112,25 +108,17 @@ class RunSpec:
         return line
 
 
-def water_input_text(ws: WaterSet, threads: int) -> str:
-    """The 10 stdin fields in PARSEC's three-line layout (B.2), thread count as field 9."""
-    return (
-        f"{ws.tstep} {ws.nmol} {ws.nstep} {ws.norder}\n"
-        f"{ws.nsave} {ws.nrst} {ws.nprint} {ws.nfmc}\n"
-        f"{threads} {ws.cutoff}\n"
-    )
+def water_input_text(set_name: str, threads: int) -> str:
+    """The 10 stdin fields in PARSEC's three-line layout (B.2), thread count as field 9.
+    water_inputs.py (the water_nsquared engineer's module) owns the text; this is the seam."""
+    return water_inputs.input_text(water_inputs.set_params(set_name, threads))
 
 
 def random_in_text(nmol: int, seed: int = DEFAULT_RANDOM_SEED) -> str:
     """B.5's replacement for SPLASH's random.in: 1 + 9*nmol numbers uniform in [-4, 4]."""
     if nmol < 1:
         raise InputSetError(f"random.in needs NMOL >= 1, got {nmol}")
-    rng = random.Random(seed)
-    values = [rng.uniform(-4.0, 4.0) for _ in range(1 + 9 * nmol)]
-    lines = [f"{values[0]:.18e}"]
-    for i in range(1, len(values), 3):
-        lines.append(" ".join(f"{v:.18e}" for v in values[i : i + 3]))
-    return "\n".join(lines) + "\n"
+    return water_inputs.random_in_text(nmol, seed)
 
 
 def _write_if_changed(path: Path, text: str) -> None:
@@ -193,7 +181,7 @@ def command(
 
     ws = WATER_SETS[set_name]
     input_path = run / f"input_{threads}"
-    _write_if_changed(input_path, water_input_text(ws, threads))
+    _write_if_changed(input_path, water_input_text(set_name, threads))
     link = run / "random.in"
     target = random_in_file(ws.nmol, seed)
     if not (link.is_symlink() and link.resolve() == target.resolve()):
