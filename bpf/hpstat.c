@@ -14,6 +14,7 @@
  * permitted, no such process, tracefs unavailable).
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <poll.h>
@@ -336,9 +337,9 @@ static void load_symbols(const char *event, const char *field, char **names, int
 			break;
 		if (v >= 0 && v < nr && !names[v]) {
 			name = strndup(p, q - p);
+			/* kernels differ in case ("local MM shootdown" vs "local mm shootdown") */
 			for (char *c = name; *c; c++)
-				if (*c == ' ' || *c == '-')
-					*c = '_';
+				*c = (*c == ' ' || *c == '-') ? '_' : tolower((unsigned char)*c);
 			names[v] = name;
 		}
 		p = skip_space(q + 1);
@@ -616,8 +617,11 @@ static void print_start(const struct options *o, const struct prog_state *progs,
 	bool first;
 
 	if (o->table) {
-		printf("hpstat: tracing %s%.0d every %.2f s; Ctrl-C for the summary\n",
-		       o->pid ? "pid " : "the whole system", o->pid, o->interval_s);
+		if (o->pid)
+			printf("hpstat: tracing pid %d", o->pid);
+		else
+			printf("hpstat: tracing the whole system");
+		printf(" every %.2f s; Ctrl-C for the summary\n", o->interval_s);
 		for (int i = 0; i < nprogs; i++)
 			if (!progs[i].attached)
 				printf("hpstat: %s is not in this kernel; not counted\n",
