@@ -26,7 +26,9 @@ sysfs:
         .running, .foreign_running, .can_add_kdamond, .features: dict[str, bool]
     KdamondInfo(index, state, pid, ops, target_pids, owner, agent_pid)
         owner: OWNER_DAMON_HP | OWNER_STALE | OWNER_FOREIGN | OWNER_NONE; .running, .describe()
-    plan_start(status) -> StartPlan                  pure; raises EnvironmentProblem if busy
+    plan_start(status) -> StartPlan                  pure; raises EnvironmentProblem naming
+                                                     every reason (no vaddr, busy, ...)
+    plan_placement(status) -> StartPlan              pure; only the "is a kdamond slot free" part
     start_vaddr(pid, intervals=None, min_nr_regions=10, max_nr_regions=1000, schemes=(),
                 intervals_goal=None) -> OwnedKdamond
         raises EnvironmentProblem (exit 2) naming any foreign running kdamond; writes nothing
@@ -71,6 +73,7 @@ from .sysfs import (
     KdamondStopped,
     OwnedKdamond,
     StartPlan,
+    plan_placement,
     plan_start,
     probe,
     reclaim_stale,
@@ -81,6 +84,6 @@ __all__ = [
     "UINT_MAX", "ULONG_MAX", "AccessPattern", "AddrRange", "Intervals", "IntervalsGoal",
     "Recording", "Region", "Scheme", "SchemeStats", "Snapshot",
     "OWNER_DAMON_HP", "OWNER_FOREIGN", "OWNER_NONE", "OWNER_STALE", "DamonStatus",
-    "KdamondInfo", "KdamondStopped", "OwnedKdamond", "StartPlan", "plan_start", "probe",
-    "reclaim_stale", "start_vaddr",
+    "KdamondInfo", "KdamondStopped", "OwnedKdamond", "StartPlan", "plan_placement",
+    "plan_start", "probe", "reclaim_stale", "start_vaddr",
 ]

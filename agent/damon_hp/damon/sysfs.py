@@ -135,6 +135,12 @@ class KdamondInfo:
                 "ops": list(self.ops), "target_pids": list(self.target_pids),
                 "owner": self.owner, "agent_pid": self.agent_pid}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> KdamondInfo:
+        return cls(int(d["index"]), str(d["state"]), d.get("pid"), tuple(d["ops"]),
+                   tuple(int(p) for p in d["target_pids"]), str(d["owner"]),
+                   d.get("agent_pid"))
+
 
 @dataclass(frozen=True)
 class DamonStatus:
@@ -170,6 +176,13 @@ class DamonStatus:
             "can_add_kdamond": self.can_add_kdamond,
             "features": dict(self.features), "features_source": self.features_source,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DamonStatus:
+        return cls(bool(d["sysfs_present"]), bool(d["readable"]), d.get("error"),
+                   tuple(d["avail_ops"]), str(d["avail_ops_source"]),
+                   tuple(KdamondInfo.from_dict(k) for k in d["kdamonds"]),
+                   dict(d.get("features", {})), str(d.get("features_source", "unknown")))
 
 
 def kernel_release() -> str:
@@ -327,23 +340,42 @@ class StartPlan:
 
 def busy_message(k: KdamondInfo) -> str:
     return (f"DAMON sysfs is busy: {k.describe()} was not started by damon-hp and must keep "
-            "running; damon-hp cannot add a kdamond while it runs (nr_kdamonds is locked). "
-            "Run in the test VM instead: make vm-shell")
+            "running; damon-hp cannot add a kdamond while it runs (nr_kdamonds is locked)")
 
 
 def plan_start(status: DamonStatus) -> StartPlan:
-    """Decide where to start a vaddr kdamond, or raise EnvironmentProblem saying why not."""
+    """Decide where to start a vaddr kdamond, or raise EnvironmentProblem saying why not.
+
+    Every reason that applies is named (a kernel may both lack vaddr and be busy).
+    """
     if not status.sysfs_present:
         raise EnvironmentProblem(
             "damon-hp: DAMON sysfs (/sys/kernel/mm/damon/admin) is missing: this kernel lacks "
             "CONFIG_DAMON_SYSFS. See `damon-hp doctor` and kernel-config/README.md.")
     if not status.readable:
         raise EnvironmentProblem(f"damon-hp: {status.error}; run damon-hp as root.")
+    problems = []
     if status.avail_ops and "vaddr" not in status.avail_ops:
-        raise EnvironmentProblem(
-            f"damon-hp: this kernel's DAMON offers only {', '.join(status.avail_ops)}; "
-            "damon-hp needs the vaddr operations set (CONFIG_DAMON_VADDR). "
-            "Run in the test VM instead: make vm-shell")
+        problems.append(
+            f"this kernel's DAMON offers only {', '.join(status.avail_ops)}; damon-hp needs "
+            "the vaddr operations set (CONFIG_DAMON_VADDR)")
+    try:
+        plan = plan_placement(status)
+    except EnvironmentProblem as e:
+        problems.append(str(e).removeprefix("damon-hp: "))
+        plan = None
+    if problems or plan is None:
+        raise EnvironmentProblem("damon-hp: " + "; and ".join(problems) +
+                                 ". Real DAMON for damon-hp runs in the test VM: make vm-shell")
+    return plan
+
+
+def plan_placement(status: DamonStatus) -> StartPlan:
+    """Where a new kdamond can go given the kdamonds that exist (pure; ignores ops support).
+
+    Raises EnvironmentProblem when a kdamond runs (nr_kdamonds is locked then), or when only
+    configured dirs of others exist (adding one would wipe them).
+    """
     for k in status.running:
         if k.owner == OWNER_FOREIGN:
             raise EnvironmentProblem("damon-hp: " + busy_message(k))
@@ -351,11 +383,11 @@ def plan_start(status: DamonStatus) -> StartPlan:
             raise EnvironmentProblem(
                 f"damon-hp: {k.describe()} belongs to the damon-hp agent pid {k.agent_pid}, "
                 "which is still running; DAMON cannot add a kdamond while it runs. "
-                "Stop that agent first (see `damon-hp status`).")
+                "Stop that agent first (see `damon-hp status`)")
         raise EnvironmentProblem(
             f"damon-hp: {k.describe()} was left by a damon-hp agent that died "
-            f"(pid {k.agent_pid}) and could not be stopped; turn it off by hand: "
-            f"echo off > {ADMIN}/kdamonds/{k.index}/state")
+            f"(pid {k.agent_pid}) and is still running; damon-hp stops it when it starts "
+            f"(or: echo off > {ADMIN}/kdamonds/{k.index}/state)")
     # Idle dirs that are empty or left by a dead agent can be reused in place; an idle dir of
     # a live agent is not (that agent will clean it up when it notices its target exited).
     reusable = [k for k in status.kdamonds if k.owner in (OWNER_NONE, OWNER_STALE)]
@@ -367,7 +399,7 @@ def plan_start(status: DamonStatus) -> StartPlan:
         if k.owner == OWNER_DAMON_HP:
             raise EnvironmentProblem(
                 f"damon-hp: {k.describe()} is configured by the damon-hp agent pid "
-                f"{k.agent_pid}, which is still running; wait for it to exit.")
+                f"{k.agent_pid}, which is still running; wait for it to exit")
     foreign = ", ".join(k.describe() for k in status.kdamonds)
     raise EnvironmentProblem(
         f"damon-hp: DAMON sysfs holds kdamonds configured by someone else ({foreign}); "

@@ -1,0 +1,491 @@
+"""What `damon-hp doctor` checks: gather facts (I/O, read-only), then judge them (pure).
+
+`gather()` reads the system into a `Facts` record: kernel, config, DAMON sysfs (through the
+DAMON layer's read-only `probe`), THP settings, syscall probes on scratch memory of its own,
+tracefs, BTF, PMU and capabilities. It never writes to DAMON sysfs or to THP settings.
+`evaluate(facts, wants)` turns facts into `Check`s, so the verdict logic is testable on facts
+recorded on real machines (tests/fixtures/doctor-*.json).
+
+Statuses: OK; LIMITED (damon-hp runs, without that capability); MISSING (damon-hp cannot run).
+Exit code: 2 if anything is MISSING, else 1 if anything is LIMITED, else 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import mmap
+import os
+import platform
+import signal
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import kconfig
+from .damon import sysfs as damon_sysfs
+from .errors import EnvironmentProblem
+
+OK, LIMITED, MISSING = "OK", "LIMITED", "MISSING"
+HUGE = 2 << 20
+MADV_COLLAPSE = 25
+THP = Path("/sys/kernel/mm/transparent_hugepage")
+VM_HINT = "in the test VM: make vm-run CMD='.venv/bin/damon-hp doctor'"
+
+# Capability bits (linux/capability.h) and what damon-hp uses each for.
+CAPS: dict[str, tuple[int, bool, str]] = {
+    "CAP_SYS_ADMIN": (21, True, "write DAMON sysfs"),
+    "CAP_SYS_NICE": (23, True, "process_madvise on another process"),
+    "CAP_PERFMON": (38, False, "perf counters (TLB misses)"),
+    "CAP_BPF": (39, False, "load hpstat's BPF programs"),
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status:<8} {self.name:<18} {self.detail}"
+        return text + (f"  -> {self.fix}" if self.fix else "")
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class Facts:
+    """Everything doctor looked at; JSON-able so it can be recorded and judged again later."""
+
+    release: str
+    machine: str
+    euid: int
+    cap_eff: int
+    kconfig_source: str | None
+    kconfig: dict[str, str]  # only the options the fragment names
+    damon: dict[str, Any]  # DamonStatus.to_dict()
+    thp: dict[str, str | None]
+    madv_collapse: str  # "ok" or an errno name
+    process_madvise: str  # "ok" or an errno name
+    tracefs: dict[str, Any]
+    btf: bool
+    pmu: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Facts:
+        return cls(**d)
+
+
+# --------------------------------------------------------------------------------------------
+# gathering (I/O)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+
+
+def _errname(code: int) -> str:
+    return errno.errorcode.get(code, f"errno {code}")
+
+
+@contextlib.contextmanager
+def _scratch_huge_range():
+    """An anonymous mapping with one 2 MiB-aligned 2 MiB range in it, untouched; yields
+    (mmap object, offset of the aligned range, its address)."""
+    m = mmap.mmap(-1, 2 * HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        off = (-base) % HUGE
+        yield m, off, base + off
+    finally:
+        with contextlib.suppress(BufferError):
+            m.close()
+
+
+def probe_madv_collapse() -> str:
+    """madvise(MADV_COLLAPSE) on 2 MiB of doctor's own scratch memory: "ok" or errno name."""
+    with _scratch_huge_range() as (m, off, addr):
+        m[off] = 1  # MADV_COLLAPSE needs at least one resident page in the range
+        rc = _libc.madvise(ctypes.c_void_p(addr), HUGE, MADV_COLLAPSE)
+        return "ok" if rc == 0 else _errname(ctypes.get_errno())
+
+
+def probe_process_madvise() -> str:
+    """process_madvise(MADV_COLLAPSE) through a pidfd on a forked child's scratch memory."""
+    from . import actuate  # the one module that calls process_madvise
+
+    with _scratch_huge_range() as (m, off, addr):
+        ready_r, ready_w = os.pipe()
+        done_r, done_w = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: fault its own page in, then wait to be probed
+            try:
+                os.close(ready_r)
+                os.close(done_w)
+                m[off] = 1
+                os.write(ready_w, b"r")
+                os.read(done_r, 1)
+            finally:
+                os._exit(0)
+        os.close(ready_w)
+        os.close(done_r)
+        try:
+            os.read(ready_r, 1)
+            try:
+                target = actuate.Target.open(child)
+            except EnvironmentProblem:
+                return "ESRCH"
+            with target:
+                rc = actuate.process_madvise(target, addr, HUGE, MADV_COLLAPSE)
+            return "ok" if rc >= 0 else _errname(-rc)
+        finally:
+            os.close(done_w)
+            os.close(ready_r)
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+
+
+def _perf_open(type_: int, config: int) -> str:
+    nr = PERF_EVENT_OPEN.get(platform.machine())
+    if nr is None:
+        return "unknown arch"
+    attr = bytearray(112)  # PERF_ATTR_SIZE_VER5
+    flags = 1 | (1 << 5) | (1 << 6)  # disabled, exclude_kernel, exclude_hv
+    struct.pack_into("<IIQQQQQ", attr, 0, type_, len(attr), config, 0, 0, 0, flags)
+    buf = (ctypes.c_char * len(attr)).from_buffer(attr)
+    fd = _libc.syscall(ctypes.c_long(nr), buf, ctypes.c_int(0), ctypes.c_int(-1),
+                       ctypes.c_int(-1), ctypes.c_ulong(8))  # PERF_FLAG_FD_CLOEXEC
+    if fd < 0:
+        return _errname(ctypes.get_errno())
+    os.close(fd)
+    return "ok"
+
+
+def probe_pmu() -> dict[str, Any]:
+    try:
+        devices = sorted(os.listdir("/sys/bus/event_source/devices"))
+    except OSError:
+        devices = []
+    return {
+        "devices": devices,
+        "cycles": _perf_open(0, 0),  # PERF_TYPE_HARDWARE, CPU_CYCLES
+        # PERF_TYPE_HW_CACHE: DTLB | OP_READ << 8 | RESULT_MISS << 16
+        "dtlb_load_misses": _perf_open(3, 3 | (0 << 8) | (1 << 16)),
+    }
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _selected(text: str | None) -> str | None:
+    """'always [madvise] never' -> 'madvise'."""
+    if text is None:
+        return None
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return text
+
+
+def read_thp() -> dict[str, str | None]:
+    return {
+        "enabled": _selected(_read(THP / "enabled")),
+        "defrag": _selected(_read(THP / "defrag")),
+        "khugepaged_defrag": _read(THP / "khugepaged/defrag"),
+        "khugepaged_pages_to_scan": _read(THP / "khugepaged/pages_to_scan"),
+        "khugepaged_scan_sleep_millisecs": _read(THP / "khugepaged/scan_sleep_millisecs"),
+        "khugepaged_max_ptes_none": _read(THP / "khugepaged/max_ptes_none"),
+    }
+
+
+def read_tracefs() -> dict[str, Any]:
+    mount = None
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == "tracefs":
+                mount = parts[1]
+                if mount == "/sys/kernel/tracing":
+                    break
+    except OSError:
+        pass
+    base = Path(mount) if mount else None
+    return {
+        "mount": mount,
+        "damon_aggregated": bool(base and (base / "events/damon/damon_aggregated").is_dir()),
+        "huge_memory": bool(base and (base / "events/huge_memory").is_dir()),
+    }
+
+
+def read_cap_eff() -> int:
+    for line in (_read(Path("/proc/self/status")) or "").splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def gather(wants: list[kconfig.Want]) -> Facts:
+    cfg = kconfig.read_running_config()
+    names = {w.name for w in wants}
+    return Facts(
+        release=os.uname().release,
+        machine=platform.machine(),
+        euid=os.geteuid(),
+        cap_eff=read_cap_eff(),
+        kconfig_source=cfg.source if cfg else None,
+        kconfig={n: cfg.value(n) for n in sorted(names)} if cfg else {},
+        damon=damon_sysfs.probe().to_dict(),
+        thp=read_thp(),
+        madv_collapse=probe_madv_collapse(),
+        process_madvise=probe_process_madvise(),
+        tracefs=read_tracefs(),
+        btf=Path("/sys/kernel/btf/vmlinux").exists(),
+        pmu=probe_pmu(),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# judging (pure)
+
+
+def check_kernel(release: str, features: dict[str, bool]) -> Check:
+    ver = damon_sysfs.kernel_version(release)
+    collapse = ("DAMOS collapse action available" if features.get("collapse_action")
+                else "no DAMOS collapse action (7.2+): promotion uses "
+                     "process_madvise(MADV_COLLAPSE)")
+    shown = f"{release} (6.6+: tried_regions, DAMOS address filters); {collapse}"
+    if ver < (6, 2):
+        return Check("kernel", MISSING, f"{release}: damon-hp needs 6.2+ (DAMOS tried_regions)",
+                     "boot Linux 6.2 or newer; " + VM_HINT)
+    if ver < (6, 6):
+        return Check("kernel", LIMITED, f"{release}: no DAMOS address filters (6.6+), so hot "
+                     "ranges cannot be marked MADV_HUGEPAGE by DAMOS", "boot Linux 6.6 or newer")
+    return Check("kernel", OK, shown)
+
+
+def check_config(source: str | None, values: dict[str, str],
+                 wants: list[kconfig.Want]) -> list[Check]:
+    if source is None:
+        return [Check("config", LIMITED, "kernel config not found (/proc/config.gz, "
+                      "/boot/config-*, /lib/modules/*/config): options not checked; the "
+                      "runtime checks below still decide",
+                      "set CONFIG_IKCONFIG_PROC=y, or point DAMON_HP_KERNEL_CONFIG at the "
+                      "kernel's config file")]
+    out, good = [], []
+    for w in wants:
+        actual = values.get(w.name, "n")
+        if w.satisfied_by(actual):
+            good.append(w.name.removeprefix("CONFIG_"))
+            continue
+        status = MISSING if w.required else LIMITED
+        fix = (f"rebuild with {w.name}={w.value} (kernel-config/damon-hp.config)"
+               + ("; or run " + VM_HINT if w.required else ""))
+        out.append(Check(f"config {w.name.removeprefix('CONFIG_')}", status,
+                         f"{actual if actual != 'n' else 'not set'}, want {w.value}: "
+                         f"{w.reason}", fix))
+    summary = Check("config", OK if not out else LIMITED if all(
+        c.status == LIMITED for c in out) else MISSING,
+        f"{len(good)} of {len(wants)} options as damon-hp wants (from {source})"
+        + (f"; not as wanted: {', '.join(c.name.split()[1] for c in out)}" if out else ""))
+    return [summary, *out]
+
+
+def check_damon(status: damon_sysfs.DamonStatus) -> list[Check]:
+    if not status.sysfs_present:
+        return [Check("damon sysfs", MISSING, "/sys/kernel/mm/damon/admin does not exist",
+                      "boot a kernel with CONFIG_DAMON_SYSFS=y; " + VM_HINT)]
+    if not status.readable:
+        return [Check("damon sysfs", MISSING, status.error or "unreadable",
+                      "run damon-hp as root")]
+    out = [Check("damon sysfs", OK, "/sys/kernel/mm/damon/admin present")]
+    ops = ", ".join(status.avail_ops) or "none"
+    src = f"(from {status.avail_ops_source})"
+    if not status.avail_ops:
+        out.append(Check("damon ops", LIMITED, "operations sets unknown: no kdamond dir to read "
+                         "avail_operations from, no kernel config, no kallsyms",
+                         "damon-hp will find out when it starts"))
+    elif "vaddr" in status.avail_ops:
+        out.append(Check("damon ops", OK, f"{ops} {src}"))
+    else:
+        out.append(Check("damon ops", MISSING, f"only {ops} {src}: damon-hp monitors a process "
+                         "through the vaddr operations set",
+                         "boot a kernel with CONFIG_DAMON_VADDR=y; " + VM_HINT))
+    for k in status.kdamonds:
+        ops_k = ",".join(k.ops) or "none"
+        where = f"pid {k.pid}, " if k.pid else ""
+        state = "running" if k.running else "idle"
+        base = f"{state}, {where}ops {ops_k}"
+        if k.owner == damon_sysfs.OWNER_DAMON_HP:
+            out.append(Check(f"kdamond {k.index}", OK, f"{base}, started by damon-hp agent pid "
+                             f"{k.agent_pid} (targets {list(k.target_pids)})"))
+        elif k.owner == damon_sysfs.OWNER_STALE:
+            out.append(Check(f"kdamond {k.index}", LIMITED, f"{base}, started by damon-hp agent "
+                             f"pid {k.agent_pid}, which is gone",
+                             "the next damon-hp run stops and clears it"))
+        elif k.owner == damon_sysfs.OWNER_NONE:
+            out.append(Check(f"kdamond {k.index}", OK, f"{base}, empty (no context)"))
+        else:
+            out.append(Check(f"kdamond {k.index}", LIMITED,
+                             f"{base}, NOT started by damon-hp: damon-hp never stops or "
+                             "changes it", ""))
+    out.append(check_new_kdamond(status))
+    return out
+
+
+def check_new_kdamond(status: damon_sysfs.DamonStatus) -> Check:
+    running = status.running
+    if running and all(k.owner == damon_sysfs.OWNER_STALE for k in running):
+        return Check("new kdamond", LIMITED, "not until the kdamond(s) left by a dead damon-hp "
+                     "agent stop", "damon-hp stops them itself when it starts")
+    try:
+        plan = damon_sysfs.plan_placement(status)
+    except EnvironmentProblem as e:
+        fix = ("leave it running if it is not yours; " + VM_HINT if status.foreign_running
+               else "")
+        return Check("new kdamond", MISSING, "cannot add one now: " +
+                     str(e).removeprefix("damon-hp: "), fix)
+    how = (f"kdamond dir {plan.index} will be created" if plan.set_nr_kdamonds is not None
+           else f"idle kdamond dir {plan.index} will be reused")
+    return Check("new kdamond", OK, f"can add one now ({how}; nothing was written to check)")
+
+
+def check_thp(thp: dict[str, str | None]) -> Check:
+    enabled = thp.get("enabled")
+    if enabled is None:
+        return Check("thp", MISSING, f"{THP} missing: no transparent huge pages",
+                     "boot a kernel with CONFIG_TRANSPARENT_HUGEPAGE=y")
+    effect = {
+        "never": "MADV_COLLAPSE still works; DAMOS hugepage marks have no visible effect",
+        "madvise": "damon-hp collapses hot ranges and marks them MADV_HUGEPAGE",
+        "always": "every range may get huge pages at fault; damon-hp's useful act is "
+                  "demoting cold ones",
+    }.get(enabled, "unknown mode")
+    k = (f"khugepaged defrag={thp.get('khugepaged_defrag')} "
+         f"pages_to_scan={thp.get('khugepaged_pages_to_scan')} "
+         f"scan_sleep={thp.get('khugepaged_scan_sleep_millisecs')}ms "
+         f"max_ptes_none={thp.get('khugepaged_max_ptes_none')}")
+    return Check("thp", OK, f"enabled={enabled} defrag={thp.get('defrag')}, {k} ({effect}; "
+                 "doctor only reads these)")
+
+
+def _probe_check(name: str, result: str, what: str, missing_fix: str) -> Check:
+    if result == "ok":
+        return Check(name, OK, f"{what}: works")
+    if result in ("EAGAIN", "ENOMEM", "EBUSY"):
+        return Check(name, LIMITED, f"{what}: supported, but failed just now ({result}: no "
+                     "free 2 MiB block or a busy page)", "retry; memory may be fragmented")
+    return Check(name, MISSING, f"{what}: failed with {result}", missing_fix)
+
+
+def check_madv_collapse(result: str) -> Check:
+    return _probe_check("madv_collapse", result,
+                        "madvise(MADV_COLLAPSE) on 2 MiB of doctor's own scratch memory",
+                        "MADV_COLLAPSE needs Linux 6.1+ with CONFIG_TRANSPARENT_HUGEPAGE")
+
+
+def check_process_madvise(result: str) -> Check:
+    fix = ("run as root (CAP_SYS_NICE)" if result == "EPERM"
+           else "needs Linux 6.1+ (process_madvise accepting MADV_COLLAPSE)")
+    return _probe_check("process_madvise", result,
+                        "process_madvise(MADV_COLLAPSE) via pidfd on a forked child's scratch "
+                        "memory", fix)
+
+
+def check_tracefs(t: dict[str, Any]) -> Check:
+    if not t.get("mount"):
+        return Check("tracefs", LIMITED, "not mounted: no DAMON or huge_memory tracepoints",
+                     "mount -t tracefs nodev /sys/kernel/tracing")
+    missing = [n for n in ("damon_aggregated", "huge_memory") if not t.get(n)]
+    if missing:
+        return Check("tracefs", LIMITED, f"mounted at {t['mount']}, but no "
+                     f"{' or '.join(missing)} events", "needs CONFIG_DAMON and CONFIG_FTRACE")
+    return Check("tracefs", OK, f"{t['mount']}: damon:damon_aggregated and huge_memory events")
+
+
+def check_btf(present: bool) -> Check:
+    if present:
+        return Check("btf", OK, "/sys/kernel/btf/vmlinux: hpstat's CO-RE BPF programs can load")
+    return Check("btf", LIMITED, "no /sys/kernel/btf/vmlinux: `damon-hp trace` (hpstat) cannot "
+                 "load", "boot a kernel with CONFIG_DEBUG_INFO_BTF=y")
+
+
+def check_pmu(pmu: dict[str, Any]) -> Check:
+    cycles, dtlb = pmu.get("cycles"), pmu.get("dtlb_load_misses")
+    devs = ", ".join(pmu.get("devices", [])) or "none"
+    if cycles == "ok" and dtlb == "ok":
+        return Check("pmu", OK, "hardware PMU: cpu cycles and dTLB load misses countable")
+    if cycles == "ok":
+        return Check("pmu", LIMITED, f"cpu cycles countable but dTLB misses not ({dtlb}): "
+                     "TLB-miss figures show n/a")
+    return Check("pmu", LIMITED, f"no hardware PMU (perf cycles: {cycles}; event sources: "
+                 f"{devs}): TLB-miss figures show n/a (no PMU)",
+                 "use bare metal or a VM with PMU passthrough for TLB counts")
+
+
+def check_privileges(euid: int, cap_eff: int) -> list[Check]:
+    out = []
+    if euid == 0:
+        out.append(Check("root", OK, "running as root"))
+    else:
+        out.append(Check("root", MISSING, f"euid {euid}: DAMON sysfs is root-only",
+                         "run damon-hp as root (sudo)"))
+    have = [n for n, (bit, _, _) in CAPS.items() if cap_eff >> bit & 1]
+    lacking_req = [n for n, (bit, req, _) in CAPS.items() if req and not cap_eff >> bit & 1]
+    lacking_opt = [n for n, (bit, req, _) in CAPS.items() if not req and not cap_eff >> bit & 1]
+    if lacking_req:
+        out.append(Check("capabilities", MISSING, f"lacking {', '.join(lacking_req)} (needed "
+                         f"to {'; '.join(CAPS[n][2] for n in lacking_req)})",
+                         "run as root with full capabilities"))
+    elif lacking_opt:
+        out.append(Check("capabilities", LIMITED, f"lacking {', '.join(lacking_opt)} (for "
+                         f"{'; '.join(CAPS[n][2] for n in lacking_opt)})"))
+    else:
+        out.append(Check("capabilities", OK, ", ".join(have)))
+    return out
+
+
+def evaluate(facts: Facts, wants: list[kconfig.Want]) -> list[Check]:
+    status = damon_sysfs.DamonStatus.from_dict(facts.damon)
+    return [
+        check_kernel(facts.release, status.features),
+        *check_config(facts.kconfig_source, facts.kconfig, wants),
+        *check_damon(status),
+        check_thp(facts.thp),
+        check_madv_collapse(facts.madv_collapse),
+        check_process_madvise(facts.process_madvise),
+        check_tracefs(facts.tracefs),
+        check_btf(facts.btf),
+        check_pmu(facts.pmu),
+        *check_privileges(facts.euid, facts.cap_eff),
+    ]
+
+
+def exit_code(checks: list[Check]) -> int:
+    statuses = {c.status for c in checks}
+    return 2 if MISSING in statuses else 1 if LIMITED in statuses else 0
+
+
+def verdict(checks: list[Check]) -> str:
+    code = exit_code(checks)
+    if code == 0:
+        return "damon-hp can run here with everything it uses"
+    if code == 1:
+        limits = ", ".join(c.name for c in checks if c.status == LIMITED)
+        return f"damon-hp can run here, with limits: {limits}"
+    missing = ", ".join(c.name for c in checks if c.status == MISSING)
+    return f"damon-hp cannot run here: {missing} MISSING"
