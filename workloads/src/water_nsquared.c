@@ -16,14 +16,20 @@
  *
  * Output is the original's format (section B.16) followed by one "Checksum:" line: weighted sums
  * of the final positions and velocities, for comparing runs and the numpy reference.
- * With WATER_NSQUARED_STATS set in the environment, pair counts are printed on stderr.
+ *
+ * With WATER_NSQUARED_JSON set in the environment, two JSON lines go to stderr: before the
+ * threads start, {"event":"layout",...} with the address ranges of VAR, gl and each thread's
+ * PFORCES pointer table and node run (ground truth for what DAMON should find); at the end,
+ * {"event":"stats",...} with the pair counts of all INTERF calls.
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 /* ---- constants (spec B.4), internal units: Angstrom, 1e-15 s, amu ---- */
 #define TEMP 298.0
@@ -945,6 +951,49 @@ static void *mdmain(void *arg)
 	return NULL;
 }
 
+/* Lowest and highest address (end exclusive) of thread p's PFORCES nodes and leaves. */
+static void pforces_span(long p, uintptr_t *lo, uintptr_t *hi)
+{
+	*lo = UINTPTR_MAX;
+	*hi = 0;
+	for (long mol = 0; mol < NMOL; mol++) {
+		uintptr_t node = (uintptr_t)PFORCES[p][mol];
+
+		if (node < *lo)
+			*lo = node;
+		if (node + 3 * sizeof(double *) > *hi)
+			*hi = node + 3 * sizeof(double *);
+		for (int dir = 0; dir < NDIR; dir++) {
+			uintptr_t leaf = (uintptr_t)PFORCES[p][mol][dir];
+
+			if (leaf < *lo)
+				*lo = leaf;
+			if (leaf + NATOMS * sizeof(double) > *hi)
+				*hi = leaf + NATOMS * sizeof(double);
+		}
+	}
+}
+
+static void print_layout(void)
+{
+	fprintf(stderr, "{\"event\":\"layout\",\"pid\":%ld,\"nmol\":%ld,\"threads\":%ld,"
+		"\"VAR\":{\"start\":%lu,\"end\":%lu},\"gl\":{\"start\":%lu,\"end\":%lu},"
+		"\"pforces\":[", (long)getpid(), NMOL, NumProcs,
+		(unsigned long)(uintptr_t)VAR, (unsigned long)(uintptr_t)(VAR + NMOL),
+		(unsigned long)(uintptr_t)gl, (unsigned long)(uintptr_t)(gl + 1));
+	for (long p = 0; p < NumProcs; p++) {
+		uintptr_t lo, hi, table = (uintptr_t)PFORCES[p];
+
+		pforces_span(p, &lo, &hi);
+		fprintf(stderr, "%s{\"thread\":%ld,\"table\":{\"start\":%lu,\"end\":%lu},"
+			"\"nodes\":{\"start\":%lu,\"end\":%lu}}", p ? "," : "", p,
+			(unsigned long)table, (unsigned long)(table + NMOL * sizeof(double **)),
+			(unsigned long)lo, (unsigned long)hi);
+	}
+	fprintf(stderr, "]}\n");
+	fflush(stderr);
+}
+
 /* Weighted sums of final positions and velocities, for comparing runs. */
 static void print_checksum(void)
 {
@@ -984,6 +1033,9 @@ int main(int argc, char **argv)
 	derived_quantities();
 	print_system();
 	initia();
+	int json_report = getenv("WATER_NSQUARED_JSON") != NULL;
+	if (json_report)
+		print_layout();
 
 	gl->computestart = now_us();
 	for (long i = 1; i < NumProcs; i++) {
@@ -1013,15 +1065,15 @@ int main(int argc, char **argv)
 	       final_xtt);
 	print_checksum();
 
-	if (getenv("WATER_NSQUARED_STATS")) {
+	if (json_report) {
 		unsigned long ex = 0, in = 0;
 
 		for (long p = 0; p < NumProcs; p++) {
 			ex += pairs_examined[p];
 			in += pairs_interacting[p];
 		}
-		fprintf(stderr, "water_nsquared stats: interf_calls %ld pairs_examined %lu "
-			"pairs_interacting %lu\n", NSTEP + 1, ex, in);
+		fprintf(stderr, "{\"event\":\"stats\",\"interf_calls\":%ld,\"pairs_examined\":%lu,"
+			"\"pairs_interacting\":%lu}\n", NSTEP + 1, ex, in);
 	}
 	return 0;
 }
