@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -56,6 +57,8 @@ static const char usage[] =
 	"                        SIGTERM, or the target process exits)\n"
 	"  -t, --table           human-readable tables instead of JSON lines\n"
 	"  -v, --verbose         show libbpf's debug output (verifier log on failure)\n"
+	"      --exit-with-parent  end (with the summary) when the parent process dies,\n"
+	"                        for programs that run hpstat in the background\n"
 	"  -h, --help            this text\n"
 	"\n"
 	"Output: JSON lines: {\"type\":\"start\",...} once attached, then\n"
@@ -71,6 +74,7 @@ struct options {
 	double duration_s;
 	bool table;
 	bool verbose;
+	bool exit_with_parent;
 };
 
 /* Names for the kernel's enum values, read from the tracepoints' print formats so
@@ -144,6 +148,7 @@ static void parse_args(int argc, char **argv, struct options *o)
 		{ "table", no_argument, NULL, 't' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "exit-with-parent", no_argument, NULL, 'P' },
 		{ NULL, 0, NULL, 0 },
 	};
 	char *end;
@@ -155,6 +160,7 @@ static void parse_args(int argc, char **argv, struct options *o)
 	o->duration_s = 0;
 	o->table = false;
 	o->verbose = false;
+	o->exit_with_parent = false;
 	while ((c = getopt_long(argc, argv, "p:i:d:tvh", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'p':
@@ -177,6 +183,9 @@ static void parse_args(int argc, char **argv, struct options *o)
 			break;
 		case 'v':
 			o->verbose = true;
+			break;
+		case 'P':
+			o->exit_with_parent = true;
 			break;
 		case 'h':
 			fputs(usage, stdout);
@@ -689,6 +698,14 @@ int main(int argc, char **argv)
 	int nprogs = 0, pidfd = -1, err;
 
 	parse_args(argc, argv, &o);
+	if (o.exit_with_parent) {
+		pid_t parent = getppid();
+
+		/* SIGTERM runs the normal stop path; the check closes the race with an early exit */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (getppid() != parent)
+			stop_requested = 1;
+	}
 	verbose = o.verbose;
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	libbpf_set_print(print_libbpf);
