@@ -204,7 +204,10 @@ class Scheme:
     """One DAMOS scheme: apply `action` to regions matching `pattern`.
 
     `addr_filters` limits the scheme to the union of these ranges (empty: no address limit).
-    Quotas of 0 mean unlimited; `apply_interval_us` 0 means every aggregation interval.
+    Quotas of 0 mean unlimited. `apply_interval_us` 0 means every aggregation interval, except
+    for schemes with `addr_filters`, which the sysfs layer applies every sampling interval:
+    once per aggregation, DAMON never reaches a filter range that starts inside a uniformly
+    accessed region (it splits the region there and skips the rest of that pass).
     Actions DAMON knows for vaddr include: stat, hugepage, nohugepage, willneed, cold, pageout,
     and (Linux 7.2+) collapse; `OwnedKdamond.supports_action` says what this kernel takes.
     """
@@ -279,6 +282,9 @@ class Recording:
     snapshots: tuple[Snapshot, ...]
     ground_truth: dict[str, AddrRange] = field(default_factory=dict)
     note: str = ""
+    # The workload's own JSON lines (e.g. phases' {"phase", "start", "end", "t_mono"}), whose
+    # t_mono is on the same CLOCK_MONOTONIC as Snapshot.taken_at_s.
+    events: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -286,6 +292,7 @@ class Recording:
             "command": self.command,
             "note": self.note,
             "ground_truth": {k: v.to_dict() for k, v in self.ground_truth.items()},
+            "events": list(self.events),
             "snapshots": [s.to_dict() for s in self.snapshots],
         }
 
@@ -298,6 +305,7 @@ class Recording:
             ground_truth={k: AddrRange.from_dict(v)
                           for k, v in d.get("ground_truth", {}).items()},
             snapshots=tuple(Snapshot.from_dict(s) for s in d["snapshots"]),
+            events=tuple(d.get("events", ())),
         )
 
     @classmethod

@@ -428,7 +428,7 @@ def _allow_ranges_as_reject_gaps(ranges: tuple[AddrRange, ...]) -> list[AddrRang
     return gaps
 
 
-def _write_scheme(sdir: Path, s: Scheme) -> None:
+def _write_scheme(sdir: Path, s: Scheme, sample_us: int) -> None:
     _write(sdir / "action", s.action)
     p = s.pattern
     # Every bound, min and max: a new scheme starts at [0, 0] and would match nothing.
@@ -440,8 +440,17 @@ def _write_scheme(sdir: Path, s: Scheme) -> None:
     _write(sdir / "quotas/bytes", s.quota_bytes)
     _write(sdir / "quotas/ms", s.quota_ms)
     _write(sdir / "quotas/reset_interval_ms", s.quota_reset_interval_ms)
+    apply_us = s.apply_interval_us
+    if s.addr_filters and apply_us == 0:
+        # DAMON splits a region at an address-filter boundary while applying a scheme, and
+        # the part after the split is skipped for the rest of that pass; the next aggregation
+        # merges the parts again. Applied once per aggregation, a filter range that starts
+        # inside a uniformly accessed region is therefore never reached (seen on 6.12: 0 bytes
+        # tried, every pass). Applied every sampling interval, the split survives until the
+        # next pass, which then reaches the range.
+        apply_us = sample_us
     if (sdir / "apply_interval_us").exists():
-        _write(sdir / "apply_interval_us", s.apply_interval_us)
+        _write(sdir / "apply_interval_us", apply_us)
     elif s.apply_interval_us:
         raise EnvironmentProblem(
             "damon-hp: this kernel has no per-scheme apply interval (Linux 6.7+); "
@@ -589,7 +598,7 @@ class OwnedKdamond:
         sdir = self.ctx / "schemes"
         _write(sdir / "nr_schemes", 1 + len(schemes))
         for i, s in enumerate((SNAPSHOT_SCHEME, *schemes)):
-            _write_scheme(sdir / str(i), s)
+            _write_scheme(sdir / str(i), s, self.intervals.sample_us)
 
     def set_schemes(self, schemes: list[Scheme] | tuple[Scheme, ...]) -> None:
         """Replace the caller's schemes on the running kdamond (online `commit`).
