@@ -150,15 +150,20 @@ def test_multi_chunk_run_matches_python_reference(args, nproc, tmp_path):
     assert proc.stderr.count("read ") == -(-args[3] // args[4])
 
 
-def test_file_stream_with_short_last_chunk_matches_python_reference(tmp_path):
-    data = np.random.default_rng(7).random((1300, 4), dtype=np.float32)
+@pytest.mark.parametrize(("points", "reads"), [
+    (1300, ["500", "500", "300"]),  # short last chunk: rows 300..499 keep chunk 2's data
+    (1000, ["500", "500", "0"]),  # exact multiple: end of file shows only on an empty read
+])
+def test_file_stream_matches_python_reference(points, reads, tmp_path):
+    data = np.random.default_rng(7).random((points, 4), dtype=np.float32)
     infile = tmp_path / "points.bin"
     data.tofile(infile)
     args = (4, 9, 4, 0, 500, 100)
     expected = ref.run_args(*args, nproc=2, infile=infile)
     proc, output = run(args, tmp_path, 2, infile=infile)
     assert_matches_reference(proc, output, expected)
-    assert expected.weight == 1300
+    assert expected.weight == points
+    assert re.findall(r"^read (\d+) points$", proc.stderr, re.M) == reads
     assert "closing file stream" in proc.stderr
 
 
