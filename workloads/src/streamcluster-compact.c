@@ -9,6 +9,7 @@
  * malloc with a one-line message on stderr; without huge pages the arena works on 4 KiB pages
  * (lib/arena.c says so on stderr).
  */
+#define _GNU_SOURCE /* as streamcluster.c, whose own define comes after these includes */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
