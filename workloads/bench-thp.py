@@ -39,7 +39,7 @@ import inputsets  # noqa: E402
 
 PR_SET_THP_DISABLE = 41
 THP_SYSFS = Path("/sys/kernel/mm/transparent_hugepage")
-SAMPLE_S = 0.2
+SAMPLE_S = 0.1
 
 
 @dataclass
@@ -61,21 +61,30 @@ def _thp_off() -> None:
         os._exit(127)
 
 
-def _anon_huge_kib(pid: int) -> int:
+def _proc_kib(path: str, key: str) -> int:
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("AnonHugePages:"):
+                if line.startswith(key):
                     return int(line.split()[1])
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         pass
     return 0
 
 
+def _is_exec_done(pid: int, binary: str) -> bool:
+    """True once the child runs `binary`: before the exec, its memory is the forked Python's."""
+    try:
+        return os.path.realpath(f"/proc/{pid}/exe") == binary
+    except OSError:
+        return False
+
+
 def run_once(argv: list[str], cwd: str | None, stdin: str | None, env: dict[str, str],
              thp_off: bool, outdir: Path, tag: str) -> tuple[float, int, int, int, Path]:
-    """Runs argv to completion; returns wall seconds, max RSS (KiB), peak AnonHugePages (KiB),
-    exit code and the file holding its stdout."""
+    """Runs argv to completion; returns wall seconds, peak RSS (KiB), peak AnonHugePages (KiB),
+    exit code and the file holding its stdout. Both peaks are sampled from /proc while it runs:
+    wait4's ru_maxrss would include the forked Python's own RSS from before the exec."""
     out_path, err_path = outdir / f"{tag}.out", outdir / f"{tag}.err"
     stdin_f = open(stdin, "rb") if stdin else open(os.devnull, "rb")
     with stdin_f, open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
@@ -93,15 +102,19 @@ def run_once(argv: list[str], cwd: str | None, stdin: str | None, env: dict[str,
                 os.execve(argv[0], argv, env)
             finally:
                 os._exit(127)
-        peak = 0
+        binary = os.path.realpath(argv[0])
+        peak_huge = hwm = 0
         while True:
-            done, status, rusage = os.wait4(pid, os.WNOHANG)
+            done, status, _ = os.wait4(pid, os.WNOHANG)
             if done:
                 break
-            peak = max(peak, _anon_huge_kib(pid))
+            if _is_exec_done(pid, binary):
+                peak_huge = max(peak_huge, _proc_kib(f"/proc/{pid}/smaps_rollup",
+                                                     "AnonHugePages:"))
+                hwm = max(hwm, _proc_kib(f"/proc/{pid}/status", "VmHWM:"))
             time.sleep(SAMPLE_S)
         wall = time.monotonic() - t0
-    return wall, rusage.ru_maxrss, peak, os.waitstatus_to_exitcode(status), out_path
+    return wall, hwm, peak_huge, os.waitstatus_to_exitcode(status), out_path
 
 
 def _last_json(path: Path) -> dict:
@@ -181,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = Run(rep, mode, metric(out, wall), wall, rss, huge, code)
                 runs.append(r)
                 print(f"rep {rep} {mode:3}: {metric_name} {r.value:.4f}  wall {wall:.2f} s  "
-                      f"max RSS {rss / 1024:.1f} MiB  peak AnonHugePages {huge / 1024:.1f} MiB",
+                      f"peak RSS {rss / 1024:.1f} MiB  peak AnonHugePages {huge / 1024:.1f} MiB",
                       file=log, flush=True)
 
     med = {m: statistics.median(r.value for r in runs if r.mode == m) for m in ("off", "on")}
