@@ -315,6 +315,19 @@ def test_allocations_land_where_the_spec_says(tmp_path, set_name, threads):
         prev_end = nodes["end"]
 
 
+@pytest.mark.parametrize(("nmol", "threads"), [(729, 4), (1000, 3), (343, 7)])
+def test_odd_molecule_counts_and_uneven_thread_shares_match_reference(tmp_path, nmol, threads):
+    """Odd NMOL takes the enumeration without the -1 adjustments; NMOL % P != 0 gives the last
+    thread the remainder and moves the wrap-around gather boundaries."""
+    (tmp_path / "random.in").write_text(water_inputs.random_in_text(nmol))
+    out = run_water(tmp_path, input_line(nmol, 3, threads=threads)).stdout
+    ref = water_ref.run(nmol, 3, raw_numbers(nmol))
+    assert_matches_reference(energies(out)[0], ref.energies[2])
+    disp, vel = map(float, CHECKSUM.search(out).groups())
+    assert disp == pytest.approx(ref.checksum_disp, rel=CHECKSUM_RTOL)
+    assert vel == pytest.approx(ref.checksum_vel, rel=CHECKSUM_RTOL)
+
+
 def test_missing_random_numbers_act_as_zero_velocity(tmp_path):
     nums = raw_numbers(512)[: 1 + 9 * 300]  # molecules 300.. get raw velocity 0
     (tmp_path / "random.in").write_text("\n".join(f"{v:.18e}" for v in nums) + "\n")
