@@ -291,19 +291,6 @@ def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[Span]:
     )
 
 
-def hot_spans(
-    snapshot: SnapshotLike,
-    params: PolicyParams,
-    mappings: Sequence[Span] | None = None,
-) -> list[Span]:
-    """Hot regions merged where adjacent, cut to the target's mappings when those are known."""
-    spans = merge_adjacent(hot_regions(snapshot, params))
-    if mappings is not None:
-        # Mappings are not merged: a huge page cannot straddle two VMAs even when they touch.
-        spans = _intersect(spans, sorted(mappings))
-    return spans
-
-
 def _budget_bytes(params: PolicyParams, rss_bytes: int | None) -> int | None:
     limits = []
     if params.max_huge_bytes is not None:
@@ -336,9 +323,14 @@ def decide(
     The promotions in the decision are plans: report their outcome with `record_outcomes`.
     """
     now = snapshot.taken_at_s
+    if not snapshot.regions:
+        # DAMON sometimes hands back an empty tried_regions (seen on 6.12 right after the
+        # schemes were committed): that is no measurement, not a process gone cold.
+        return _no_decision(now, state, thp_mode, rss_bytes, params), state
     regions_hot = hot_regions(snapshot, params)
     spans = merge_adjacent(regions_hot)
     if mappings is not None:
+        # Mappings are not merged: a huge page cannot straddle two VMAs even when they touch.
         spans = _intersect(spans, sorted(mappings))
     hot_set: list[int] = []
     span_of: dict[int, int] = {}
@@ -413,9 +405,19 @@ def decide(
             held_bytes += HUGE_PAGE_BYTES
             credit -= HUGE_PAGE_BYTES
 
-    marks = set(remarked)
-    if thp_mode == "madvise":
-        marks |= set(promoted) | set(promote)
+    next_state = replace(
+        state,
+        hot_streak=streak,
+        promoted=promoted,
+        demoted=frozenset(demoted),
+        remarked=remarked,
+        # Back-off only matters while a range stays hot; one that cools and heats again
+        # starts over.
+        retry_at={s: t for s, t in state.retry_at.items() if s in hot_lookup},
+        failures={s: n for s, n in state.failures.items() if s in hot_lookup},
+        credit_bytes=credit,
+        last_taken_at_s=now,
+    )
     decision = Decision(
         taken_at_s=now,
         hot_bytes=sum(s.size for s in regions_hot),
@@ -423,27 +425,36 @@ def decide(
         hot_ranges=tuple(hot_set),
         promote=tuple(promote),
         demote=tuple(sorted(demote)),
-        hugepage_marks=coalesce(marks),
+        hugepage_marks=coalesce(_marks(next_state, thp_mode, promote)),
         nohugepage_marks=coalesce(demoted),
         held_by_budget=held_by_budget,
         held_by_rate=held_by_rate,
         budget_bytes=budget,
     )
-    # Back-off only matters while a range stays hot; a range that cools and heats again starts over.
-    retry_at = {s: t for s, t in state.retry_at.items() if s in hot_lookup}
-    failures = {s: n for s, n in state.failures.items() if s in hot_lookup}
-    next_state = replace(
-        state,
-        hot_streak=streak,
-        retry_at=retry_at,
-        failures=failures,
-        promoted=promoted,
-        demoted=frozenset(demoted),
-        remarked=remarked,
-        credit_bytes=credit,
-        last_taken_at_s=now,
-    )
     return decision, next_state
+
+
+def _marks(state: PolicyState, thp_mode: str, planned: Iterable[int] = ()) -> set[int]:
+    marks = set(state.remarked)
+    if thp_mode == "madvise":
+        marks |= set(state.promoted) | set(planned)
+    return marks
+
+
+def _no_decision(
+    now: float, state: PolicyState, thp_mode: str, rss_bytes: int | None, params: PolicyParams
+) -> Decision:
+    return Decision(
+        taken_at_s=now,
+        hot_bytes=0,
+        hot_regions=(),
+        hot_ranges=(),
+        promote=(),
+        demote=(),
+        hugepage_marks=coalesce(_marks(state, thp_mode)),
+        nohugepage_marks=coalesce(state.demoted),
+        budget_bytes=_budget_bytes(params, rss_bytes),
+    )
 
 
 def record_outcomes(

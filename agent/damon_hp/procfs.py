@@ -26,7 +26,7 @@ class ProcessGone(DamonHpError):
 
 def _read(path: str) -> str:
     try:
-        with open(path) as f:
+        with open(path, errors="replace") as f:
             return f.read()
     except (FileNotFoundError, ProcessLookupError) as e:
         raise ProcessGone(f"{path}: the process has exited") from e
@@ -79,9 +79,13 @@ def _parse_map_line(line: str) -> Mapping:
     )
 
 
+def parse_maps(text: str) -> list[Mapping]:
+    return [_parse_map_line(line) for line in text.splitlines() if line]
+
+
 def read_maps(pid: int) -> list[Mapping]:
     """The VMAs of `pid`, without counters (cheap: no page-table walk)."""
-    return [_parse_map_line(line) for line in _read(f"/proc/{pid}/maps").splitlines() if line]
+    return parse_maps(_read(f"/proc/{pid}/maps"))
 
 
 def _parse_counter(line: str) -> tuple[str, int] | None:
@@ -99,8 +103,12 @@ def _parse_counter(line: str) -> tuple[str, int] | None:
 
 def read_smaps(pid: int) -> list[Mapping]:
     """The VMAs of `pid` with their smaps counters (Rss, AnonHugePages, ...) in bytes."""
+    return parse_smaps(_read(f"/proc/{pid}/smaps"))
+
+
+def parse_smaps(text: str) -> list[Mapping]:
     maps: list[Mapping] = []
-    for line in _read(f"/proc/{pid}/smaps").splitlines():
+    for line in text.splitlines():
         head = line.split(None, 1)[0] if line else ""
         if "-" in head and ":" not in head:
             maps.append(_parse_map_line(line))
@@ -113,8 +121,12 @@ def read_smaps(pid: int) -> list[Mapping]:
 
 def smaps_rollup(pid: int) -> dict[str, int]:
     """/proc/PID/smaps_rollup counters in bytes (Rss, AnonHugePages, ...)."""
+    return parse_rollup(_read(f"/proc/{pid}/smaps_rollup"))
+
+
+def parse_rollup(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
-    for line in _read(f"/proc/{pid}/smaps_rollup").splitlines()[1:]:
+    for line in text.splitlines()[1:]:
         parsed = _parse_counter(line)
         if parsed:
             out[parsed[0]] = parsed[1]
@@ -157,8 +169,12 @@ class Status:
 
 
 def read_status(pid: int) -> Status:
+    return parse_status(_read(f"/proc/{pid}/status"))
+
+
+def parse_status(text: str) -> Status:
     values: dict[str, int] = {}
-    for line in _read(f"/proc/{pid}/status").splitlines():
+    for line in text.splitlines():
         parsed = _parse_counter(line)
         if parsed:
             values[parsed[0]] = parsed[1]
@@ -191,7 +207,10 @@ class Stat:
 
 def read_stat(pid: int | str) -> Stat:
     """Parse /proc/PID/stat (pid may be "self" or "PID/task/TID")."""
-    text = _read(f"/proc/{pid}/stat")
+    return parse_stat(_read(f"/proc/{pid}/stat"))
+
+
+def parse_stat(text: str) -> Stat:
     # comm may contain spaces and parentheses: it ends at the last ')'.
     lparen, rparen = text.index("("), text.rindex(")")
     comm = text[lparen + 1 : rparen]
@@ -259,35 +278,114 @@ def huge_bytes_in(pid: int, ranges: Iterable[tuple[int, int]]) -> int:
     except (FileNotFoundError, ProcessLookupError) as e:
         raise ProcessGone(f"{path}: the process has exited") from e
     try:
-        vec = (_PageRegion * _SCAN_BATCH)()
-        total = 0
-        for lo, hi in ranges:
-            start = lo
-            while start < hi:
-                arg = _PmScanArg(
-                    size=ctypes.sizeof(_PmScanArg),
-                    start=start,
-                    end=hi,
-                    vec=ctypes.addressof(vec),
-                    vec_len=_SCAN_BATCH,
-                    category_mask=_PAGE_IS_HUGE,
-                    return_mask=_PAGE_IS_HUGE,
-                )
-                try:
-                    n = fcntl.ioctl(fd, PAGEMAP_SCAN, arg, True)
-                except OSError as e:
-                    if e.errno in (errno.ENOTTY, errno.EINVAL) and total == 0:
-                        raise PagemapScanUnsupported(
-                            f"PAGEMAP_SCAN on {path} failed ({errno.errorcode[e.errno]}): "
-                            "this kernel has no exact huge-page scan (needs Linux 6.7+)"
-                        ) from e
-                    if e.errno == errno.ESRCH:
-                        raise ProcessGone(f"{path}: the process has exited") from e
-                    raise
-                total += sum(vec[i].end - vec[i].start for i in range(n))
-                if arg.walk_end <= start:
-                    break
-                start = arg.walk_end
-        return total
+        return _scan_huge(fd, path, ranges)
     finally:
         os.close(fd)
+
+
+def _scan_huge(fd: int, path: str, ranges: Iterable[tuple[int, int]]) -> int:
+    vec = (_PageRegion * _SCAN_BATCH)()
+    total = 0
+    for lo, hi in ranges:
+        start = lo
+        while start < hi:
+            arg = _PmScanArg(
+                size=ctypes.sizeof(_PmScanArg),
+                start=start,
+                end=hi,
+                vec=ctypes.addressof(vec),
+                vec_len=_SCAN_BATCH,
+                category_mask=_PAGE_IS_HUGE,
+                return_mask=_PAGE_IS_HUGE,
+            )
+            try:
+                n = fcntl.ioctl(fd, PAGEMAP_SCAN, arg, True)
+            except OSError as e:
+                if e.errno in (errno.ENOTTY, errno.EINVAL) and total == 0:
+                    raise PagemapScanUnsupported(
+                        f"PAGEMAP_SCAN on {path} failed ({errno.errorcode[e.errno]}): "
+                        "this kernel has no exact huge-page scan (needs Linux 6.7+)"
+                    ) from e
+                if e.errno == errno.ESRCH:
+                    raise ProcessGone(f"{path}: the process has exited") from e
+                raise
+            total += sum(vec[i].end - vec[i].start for i in range(n))
+            if arg.walk_end <= start:
+                break
+            start = arg.walk_end
+    return total
+
+
+def read_cmdline(pid: int) -> list[str]:
+    """The process's argv ([] for a kernel thread)."""
+    raw = _read(f"/proc/{pid}/cmdline")
+    return [a for a in raw.split("\0") if a]
+
+
+class ProcessFiles:
+    """The /proc files of one process, opened once and re-read with pread.
+
+    Opening a /proc file costs far more than reading it on a slow (emulated) machine, and the
+    agent reads the same few files every snapshot; a seq_file re-read at offset 0 is fresh.
+    """
+
+    _NAMES = ("maps", "status", "smaps_rollup", "stat")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fds: dict[str, int] = {}
+
+    def _fd(self, name: str) -> int:
+        fd = self._fds.get(name)
+        if fd is None:
+            path = f"/proc/{self.pid}/{name}"
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except (FileNotFoundError, ProcessLookupError) as e:
+                raise ProcessGone(f"{path}: the process has exited") from e
+            self._fds[name] = fd
+        return fd
+
+    def _text(self, name: str) -> str:
+        fd = self._fd(name)
+        chunks = []
+        offset = 0
+        try:
+            while chunk := os.pread(fd, 1 << 16, offset):
+                chunks.append(chunk)
+                offset += len(chunk)
+        except OSError as e:
+            if e.errno in (errno.ESRCH, errno.ENOENT):
+                raise ProcessGone(f"/proc/{self.pid}/{name}: the process has exited") from e
+            raise
+        return b"".join(chunks).decode(errors="replace")
+
+    def maps(self) -> list[Mapping]:
+        """VMAs; ProcessGone once the process has no memory left (exited, maybe unreaped)."""
+        maps = parse_maps(self._text("maps"))
+        if not maps:
+            raise ProcessGone(f"/proc/{self.pid}/maps is empty: the process has exited")
+        return maps
+
+    def status(self) -> Status:
+        return parse_status(self._text("status"))
+
+    def rollup(self) -> dict[str, int]:
+        return parse_rollup(self._text("smaps_rollup"))
+
+    def stat(self) -> Stat:
+        return parse_stat(self._text("stat"))
+
+    def huge_bytes_in(self, ranges: Iterable[tuple[int, int]]) -> int:
+        return _scan_huge(self._fd("pagemap"), f"/proc/{self.pid}/pagemap", ranges)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> ProcessFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

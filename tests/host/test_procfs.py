@@ -94,3 +94,32 @@ def test_readers_raise_process_gone_for_an_exited_process() -> None:
 
 def test_thp_mode_is_one_of_the_kernel_modes() -> None:
     assert procfs.thp_mode() in ("always", "madvise", "never")
+
+
+def test_process_files_rereads_are_fresh_after_collapse(child) -> None:
+    size = child["end"] - child["start"]
+    with procfs.ProcessFiles(child["pid"]) as files:
+        assert files.rollup()["AnonHugePages"] == 0
+        assert files.huge_bytes_in([(child["start"], child["end"])]) == 0
+        with actuate.Target.open(child["pid"]) as target:
+            actuate.collapse(target, range(child["start"], child["end"], HUGE_PAGE_BYTES))
+        assert files.rollup()["AnonHugePages"] >= size
+        assert files.huge_bytes_in([(child["start"], child["end"])]) == size
+        assert any(m.start <= child["start"] < m.end for m in files.maps())
+        assert files.status().vm_rss >= size
+
+
+def test_process_files_raise_process_gone_once_the_process_exits() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    proc.stdout.readline()
+    files = procfs.ProcessFiles(proc.pid)
+    try:
+        assert files.maps()
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        with pytest.raises(procfs.ProcessGone):
+            files.maps()
+    finally:
+        files.close()

@@ -1,15 +1,116 @@
-"""(not implemented yet)"""
+"""Manage a running process's hot memory with huge pages until it exits or you stop damon-hp.
+
+The process is pinned with a pidfd first, so a PID that exits and is reused while damon-hp runs
+is never touched. Ctrl-C, SIGTERM or SIGHUP stop the agent (the process keeps running) and
+leave no kdamond behind; the summary goes to stderr, --json FILE writes it with a timeline.
+Target CPU time and faults in the summary count from attach on.
+
+examples:
+  damon-hp attach 1234
+  damon-hp attach --json out.json --max-huge 1G $(pidof redis-server)
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
+
+from damon_hp import actuate, agent, procfs, report
+from damon_hp.errors import DamonHpError, EnvironmentProblem
+
+
+def _pid(text: str) -> int:
+    try:
+        pid = int(text)
+    except ValueError:
+        pid = 0
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id (a positive integer)")
+    return pid
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
-    pass
+    agent.add_options(parser)
+    parser.add_argument("pid", type=_pid, metavar="PID", help="the process to manage")
+
+
+def _open_target(pid: int) -> actuate.Target:
+    if pid == os.getpid():
+        raise EnvironmentProblem("damon-hp attach: refusing to manage damon-hp itself")
+    target = actuate.Target.open(pid)
+    try:
+        if not procfs.read_maps(pid):
+            raise EnvironmentProblem(
+                f"damon-hp attach: process {pid} has no user memory (a kernel thread?); "
+                "nothing to manage"
+            )
+    except procfs.ProcessGone:
+        target.close()
+        raise EnvironmentProblem(f"damon-hp attach: process {pid} has already exited") from None
+    except PermissionError:
+        target.close()
+        raise EnvironmentProblem(
+            f"damon-hp attach: may not read /proc/{pid}/maps: damon-hp needs ptrace read access "
+            "to the process (root in the process's user namespace)"
+        ) from None
+    except BaseException:
+        target.close()
+        raise
+    return target
 
 
 def main(args: argparse.Namespace) -> int:
-    print("damon-hp attach: not implemented yet", file=sys.stderr)
-    return 2
+    try:
+        opts = agent.options_from_args(args)
+        agent.require_root("attach")
+        target = _open_target(args.pid)
+    except DamonHpError as e:
+        print(e, file=sys.stderr)
+        return e.exit_code
+    try:
+        agent.preflight(sys.argv[1:])
+    except DamonHpError as e:
+        target.close()
+        print(e, file=sys.stderr)
+        return e.exit_code
+    return _attach(target, opts)
+
+
+def _attach(target: actuate.Target, opts: agent.AgentOptions) -> int:
+    try:
+        command = procfs.read_cmdline(target.pid)
+    except procfs.ProcessGone:
+        command = []
+    rep = report.RunReport(
+        mode="attach", target_pid=target.pid, command=command, kernel=os.uname().release,
+        thp_mode="", options=opts.to_dict(),
+    )
+    stop = agent.StopSignals().install()
+    ag = agent.Agent(target, opts, rep, stop)
+    failure: BaseException | None = None
+    started = False
+    try:
+        ag.start()
+        started = True
+        rep.stopped_by = ag.loop()
+    except DamonHpError as e:
+        failure = e
+    except Exception as e:
+        failure = e
+        traceback.print_exc()
+    finally:
+        try:
+            ag.close()
+        except DamonHpError as e:
+            print(e, file=sys.stderr)
+        target.close()
+        stop.restore()
+    if started:
+        agent.emit_report(ag, opts)
+    if failure is not None:
+        print(failure if isinstance(failure, DamonHpError) else
+              f"damon-hp attach: internal error: {failure}", file=sys.stderr)
+        return getattr(failure, "exit_code", 1) if not started else 1
+    return 0

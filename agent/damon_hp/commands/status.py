@@ -1,15 +1,60 @@
-"""(not implemented yet)"""
+"""List the damon-hp agents running on this system: target, since when, what they did.
+
+Each running agent keeps a status record in /run/damon-hp (DAMON_HP_RUN_DIR) that it refreshes
+every second and removes when it exits. A record whose agent is gone (it was killed) is shown
+as stale; the next `damon-hp run` or `attach` also stops a kdamond such an agent left behind.
+Read-only: needs no root unless the run directory is private.
+
+examples:
+  damon-hp status
+  damon-hp status --json
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+
+from damon_hp import agent
+from damon_hp.report import fmt_bytes
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--json", action="store_true", help="print the records as JSON")
+
+
+def _since(wall: float | None) -> str:
+    if not wall:
+        return "?"
+    age = max(0, int(time.time() - wall))
+    h, rem = divmod(age, 3600)
+    m, s = divmod(rem, 60)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall))
+    return f"{stamp} ({h}:{m:02d}:{s:02d} ago)"
 
 
 def main(args: argparse.Namespace) -> int:
-    print("damon-hp status: not implemented yet", file=sys.stderr)
-    return 2
+    records = agent.read_statuses()
+    if args.json:
+        print(json.dumps({"agents": records}, indent=1))
+        return 0
+    if not records:
+        print("damon-hp: no damon-hp agents are running")
+        return 0
+    for r in records:
+        cmd = " ".join(r.get("command") or []) or "?"
+        state = "running" if r["alive"] else "STALE (agent gone; its kdamond is stopped at "\
+            "the next damon-hp start)"
+        print(f"agent pid {r.get('agent_pid')} [{state}], {r.get('mode')} "
+              f"target pid {r.get('target_pid')}: {cmd}")
+        print(f"  since     {_since(r.get('since'))}")
+        print(f"  kdamond   {r.get('kdamond_index')} (pid {r.get('kdamond_pid')})")
+        print(f"  promoted  {r.get('promotions', 0)} ranges, holds "
+              f"{fmt_bytes(r.get('promoted_bytes'))} promoted, collapsed "
+              f"{fmt_bytes(r.get('collapsed_bytes'))}; demoted {r.get('demotions', 0)}")
+        print(f"  memory    AnonHugePages {fmt_bytes(r.get('anon_huge_bytes'))}, hot "
+              f"{fmt_bytes(r.get('hot_bytes'))}; {r.get('snapshots', 0)} snapshots")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,283 @@
+"""What an agent run did, as a summary table for people and JSON (with a timeline) for scripts.
+
+Pure formatting: the agent fills a `RunReport`; nothing here reads /proc or DAMON. A value the
+agent could not measure is None and prints as `n/a`, never as 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPORT_VERSION = 1
+
+
+@dataclass
+class CollapseTally:
+    """Collapses attempted in some period: how many, how many bytes, why the others failed."""
+
+    tried: int = 0
+    ok: int = 0
+    bytes: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add(self, ok: bool, nbytes: int, error: str | None, seconds: float) -> None:
+        self.tried += 1
+        self.seconds += seconds
+        if ok:
+            self.ok += 1
+            self.bytes += nbytes
+        else:
+            key = error or "unknown"
+            self.errors[key] = self.errors.get(key, 0) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tried": self.tried,
+            "ok": self.ok,
+            "bytes": self.bytes,
+            "errors": dict(sorted(self.errors.items())),
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclass
+class TimelineEntry:
+    """One snapshot: what DAMON showed, what the target held, what the agent did."""
+
+    t_s: float  # seconds since monitoring started
+    monotonic_s: float  # CLOCK_MONOTONIC when the snapshot was read (to line up with others)
+    nr_regions: int
+    hot_bytes: int  # bytes of regions above the hot thresholds
+    hot_huge_bytes: int | None  # of those, bytes mapped by huge pages
+    huge_bytes: int | None  # the target's AnonHugePages
+    rss_bytes: int | None
+    promoted_bytes: int  # bytes the agent holds promoted after this snapshot
+    collapse: CollapseTally = field(default_factory=CollapseTally)
+    planned: int = 0  # ranges the policy chose to promote at this snapshot
+    demoted: int = 0
+    held_by_budget: int = 0
+    held_by_rate: int = 0
+    schemes_changed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["t_s"] = round(self.t_s, 3)
+        d["monotonic_s"] = round(self.monotonic_s, 3)
+        d["collapse"] = self.collapse.to_dict()
+        d["actions"] = {
+            "collapse": d.pop("collapse"),
+            "planned": d.pop("planned"),
+            "demote": d.pop("demoted"),
+            "held_by_budget": d.pop("held_by_budget"),
+            "held_by_rate": d.pop("held_by_rate"),
+            "schemes_changed": d.pop("schemes_changed"),
+        }
+        return d
+
+
+@dataclass
+class RunReport:
+    """Everything the summary table and the JSON report show."""
+
+    mode: str  # run | attach
+    target_pid: int
+    command: list[str]
+    kernel: str
+    thp_mode: str
+    options: dict[str, Any] = field(default_factory=dict)
+    stopped_by: str = ""
+    exit_code: int | None = None  # the target's, in run mode
+    wall_s: float = 0.0
+    target_cpu_s: float | None = None
+    agent_cpu_s: float | None = None
+    kdamond_cpu_s: float | None = None
+    kdamond_pid: int | None = None
+    snapshots: int = 0
+    empty_snapshots: int = 0
+    collapse: CollapseTally = field(default_factory=CollapseTally)
+    demotions: int = 0
+    demoted_bytes: int = 0
+    peak_huge_bytes: int | None = None
+    final_huge_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    final_rss_bytes: int | None = None
+    peak_pte_bytes: int | None = None
+    final_pte_bytes: int | None = None
+    minflt: int | None = None
+    majflt: int | None = None
+    hot_bytes: int | None = None  # at the last snapshot
+    hot_huge_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # --perf / --trace results
+    timeline: list[TimelineEntry] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)  # every action, one by one
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def coverage(self) -> float | None:
+        """Share of the bytes DAMON last saw hot that are mapped by huge pages."""
+        if self.hot_bytes is None or self.hot_huge_bytes is None or self.hot_bytes == 0:
+            return None
+        return self.hot_huge_bytes / self.hot_bytes
+
+    def observe_memory(
+        self, huge: int | None, rss: int | None, pte: int | None
+    ) -> None:
+        """Fold one reading of the target's memory into the peak and final values."""
+
+        def peak(old: int | None, new: int | None) -> int | None:
+            if new is None:
+                return old
+            return new if old is None else max(old, new)
+
+        self.peak_huge_bytes = peak(self.peak_huge_bytes, huge)
+        self.peak_rss_bytes = peak(self.peak_rss_bytes, rss)
+        self.peak_pte_bytes = peak(self.peak_pte_bytes, pte)
+        if huge is not None:
+            self.final_huge_bytes = huge
+        if rss is not None:
+            self.final_rss_bytes = rss
+        if pte is not None:
+            self.final_pte_bytes = pte
+
+    def summary_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "target_pid": self.target_pid,
+            "command": self.command,
+            "kernel": self.kernel,
+            "thp_mode": self.thp_mode,
+            "stopped_by": self.stopped_by,
+            "exit_code": self.exit_code,
+            "wall_s": round(self.wall_s, 3),
+            "target_cpu_s": _round(self.target_cpu_s),
+            "agent_cpu_s": _round(self.agent_cpu_s),
+            "kdamond_cpu_s": _round(self.kdamond_cpu_s),
+            "kdamond_pid": self.kdamond_pid,
+            "snapshots": self.snapshots,
+            "empty_snapshots": self.empty_snapshots,
+            "promotions": self.collapse.ok,
+            "promoted_bytes": self.collapse.bytes,
+            "collapse": self.collapse.to_dict(),
+            "demotions": self.demotions,
+            "demoted_bytes": self.demoted_bytes,
+            "peak_anon_huge_bytes": self.peak_huge_bytes,
+            "final_anon_huge_bytes": self.final_huge_bytes,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "final_rss_bytes": self.final_rss_bytes,
+            "peak_pte_bytes": self.peak_pte_bytes,
+            "final_pte_bytes": self.final_pte_bytes,
+            "minor_faults": self.minflt,
+            "major_faults": self.majflt,
+            "hot_bytes": self.hot_bytes,
+            "hot_huge_bytes": self.hot_huge_bytes,
+            "hot_coverage": _round(self.coverage, 4),
+            **({"extra": self.extra} if self.extra else {}),
+            **({"notes": self.notes} if self.notes else {}),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": REPORT_VERSION,
+            "options": self.options,
+            "summary": self.summary_dict(),
+            "timeline": [e.to_dict() for e in self.timeline],
+            "actions": self.actions,
+        }
+
+
+def _round(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def fmt_seconds(s: float | None) -> str:
+    return "n/a" if s is None else f"{s:.2f} s"
+
+
+def fmt_pct(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{100 * ratio:.1f} %"
+
+
+def format_table(r: RunReport) -> str:
+    """The human summary printed at exit."""
+    failures = ", ".join(f"{k} x{v}" for k, v in sorted(r.collapse.errors.items())) or "none"
+    target = f"pid {r.target_pid}" + (f": {' '.join(r.command)}" if r.command else "")
+    stopped = r.stopped_by + (f" (exit code {r.exit_code})" if r.exit_code is not None else "")
+    snaps = f"{r.snapshots}" + (f" ({r.empty_snapshots} empty)" if r.empty_snapshots else "")
+    c = r.collapse
+    rows = [
+        ("target", target),
+        ("kernel, THP mode", f"{r.kernel}, {r.thp_mode}"),
+        ("stopped by", stopped),
+        ("wall time", fmt_seconds(r.wall_s)),
+        ("target CPU time", fmt_seconds(r.target_cpu_s)),
+        ("agent CPU time", fmt_seconds(r.agent_cpu_s)),
+        ("kdamond CPU time", fmt_seconds(r.kdamond_cpu_s)),
+        ("snapshots", snaps),
+        ("promotions", f"{c.ok} ({fmt_bytes(c.bytes)}) in {fmt_seconds(c.seconds)}"),
+        ("failed collapses", f"{c.tried - c.ok}: {failures}"),
+        ("demotions", f"{r.demotions} ({fmt_bytes(r.demoted_bytes)})"),
+        ("AnonHugePages peak/final", _pair(r.peak_huge_bytes, r.final_huge_bytes)),
+        ("RSS peak/final", _pair(r.peak_rss_bytes, r.final_rss_bytes)),
+        ("page tables peak/final", _pair(r.peak_pte_bytes, r.final_pte_bytes)),
+        ("minor/major faults", f"{_n(r.minflt)} / {_n(r.majflt)}"),
+        ("hot set (last snapshot)", fmt_bytes(r.hot_bytes)),
+        ("hot-set coverage", f"{fmt_pct(r.coverage)} of hot bytes on huge pages"),
+    ]
+    for key, value in sorted(r.extra.items()):
+        rows.append((key, _flat(value)))
+    width = max(len(k) for k, _ in rows)
+    lines = ["damon-hp summary"] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
+    lines += [f"  note: {n}" for n in r.notes]
+    return "\n".join(lines)
+
+
+def _pair(a: int | None, b: int | None) -> str:
+    return f"{fmt_bytes(a)} / {fmt_bytes(b)}"
+
+
+def _n(x: int | None) -> str:
+    return "n/a" if x is None else f"{x:,}"
+
+
+def _flat(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_flat(v)}" for k, v in value.items())
+    return str(value)
+
+
+def format_progress(r: RunReport) -> str:
+    """One status line for stderr during long runs."""
+    e = r.timeline[-1] if r.timeline else None
+    if e is None:
+        return f"damon-hp: pid {r.target_pid}: waiting for the first DAMON snapshot"
+    cov = None if not e.hot_bytes or e.hot_huge_bytes is None else e.hot_huge_bytes / e.hot_bytes
+    return (
+        f"damon-hp: {e.t_s:7.1f} s pid {r.target_pid}: {e.nr_regions} regions, "
+        f"hot {fmt_bytes(e.hot_bytes)} ({fmt_pct(cov)} huge), "
+        f"AnonHugePages {fmt_bytes(e.huge_bytes)}, "
+        f"promoted {r.collapse.ok} ({fmt_bytes(r.collapse.bytes)}), demoted {r.demotions}"
+    )
+
+
+def write_json(r: RunReport, path: str | os.PathLike[str]) -> None:
+    """Write the report atomically, so a reader never sees half a file."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(r.to_dict(), indent=1) + "\n")
+    os.replace(tmp, p)

@@ -1,0 +1,131 @@
+"""Exact edge cases of the policy that a recording cannot pin down: alignment at region ends,
+empty snapshots, failure back-off, re-marking a demoted range.
+
+The snapshots here are hand-made; the behaviour on real DAMON data is in test_policy.py.
+"""
+
+from __future__ import annotations
+
+from damon_hp import policy
+from damon_hp.damon.model import Region, Snapshot
+from damon_hp.policy import HUGE_PAGE_BYTES as H
+from damon_hp.policy import PolicyParams, PolicyState, Span, decide, record_outcomes
+
+BASE = 0x7F0000000000  # 2 MiB aligned
+
+
+def snap(t: float, *regions: tuple[int, int, int], age: int = 10) -> Snapshot:
+    """Regions as (start offset, end offset, nr_accesses) relative to BASE; 20 samples max."""
+    return Snapshot(
+        taken_at_s=t, pid=1, sample_us=5_000, aggr_us=100_000,
+        regions=tuple(Region(BASE + s, BASE + e, n, age) for s, e, n in regions),
+    )
+
+
+PARAMS = PolicyParams(promote_after_snapshots=1)
+
+
+def test_partial_2mb_range_at_either_end_of_a_hot_region_is_never_chosen() -> None:
+    s = snap(0.0, (0, H // 2, 0), (H // 2, 4 * H + 4096, 20), (4 * H + 4096, 8 * H, 0))
+    d, _ = decide(s, PolicyState(), PARAMS)
+    assert d.hot_ranges == (BASE + H, BASE + 2 * H, BASE + 3 * H)
+    assert d.promote == d.hot_ranges
+
+
+def test_adjacent_hot_regions_yield_the_range_across_their_boundary() -> None:
+    s = snap(0.0, (0, H + H // 2, 20), (H + H // 2, 3 * H, 15))
+    d, _ = decide(s, PolicyState(), PARAMS)
+    assert d.hot_ranges == (BASE, BASE + H, BASE + 2 * H)
+
+
+def test_range_straddling_a_hot_and_a_cold_region_is_not_chosen() -> None:
+    s = snap(0.0, (0, H + H // 2, 20), (H + H // 2, 3 * H, 0))
+    d, _ = decide(s, PolicyState(), PARAMS)
+    assert d.hot_ranges == (BASE,)
+
+
+def test_range_crossing_two_mappings_is_not_chosen_even_when_hot() -> None:
+    s = snap(0.0, (0, 4 * H, 20))
+    mappings = [Span(BASE, BASE + H + 4096), Span(BASE + H + 4096, BASE + 4 * H)]
+    d, _ = decide(s, PolicyState(), PARAMS, mappings=mappings)
+    assert d.hot_ranges == (BASE, BASE + 2 * H, BASE + 3 * H)
+
+
+def test_hot_region_outside_every_mapping_yields_nothing() -> None:
+    s = snap(0.0, (0, 4 * H, 20))
+    d, _ = decide(s, PolicyState(), PARAMS, mappings=[Span(BASE + 8 * H, BASE + 9 * H)])
+    assert d.hot_ranges == () and d.promote == ()
+
+
+def test_empty_snapshot_changes_no_state() -> None:
+    p = PolicyParams(promote_after_snapshots=3)
+    _, st = decide(snap(0.0, (0, 2 * H, 20)), PolicyState(), p)
+    d, st2 = decide(snap(0.1), st, p)
+    assert st2 == st and d.promote == () and d.demote == ()
+    d3, _ = decide(snap(0.2, (0, 2 * H, 20)), st2, p)
+    assert d3.promote == ()  # two hot snapshots so far, the empty one neither counted nor reset
+
+
+def test_refused_collapse_is_retried_only_after_its_backoff() -> None:
+    p = PolicyParams(promote_after_snapshots=1, retry_after_s=2.0)
+    d, st = decide(snap(0.0, (0, H, 20)), PolicyState(), p)
+    assert d.promote == (BASE,)
+    st = record_outcomes(st, {BASE: "EAGAIN"}, p, now_s=0.0)
+    d, st = decide(snap(1.0, (0, H, 20)), st, p)
+    assert d.promote == ()
+    d, st = decide(snap(2.5, (0, H, 20)), st, p)
+    assert d.promote == (BASE,)
+    st = record_outcomes(st, {BASE: "EAGAIN"}, p, now_s=2.5)
+    # second refusal doubles the wait: 4 s
+    d, st = decide(snap(5.0, (0, H, 20)), st, p)
+    assert d.promote == ()
+    d, st = decide(snap(6.6, (0, H, 20)), st, p)
+    assert d.promote == (BASE,)
+
+
+def test_demoted_range_that_turns_hot_is_remarked_before_it_is_collapsed_again() -> None:
+    p = PolicyParams(promote_after_snapshots=1, demote_after_s=1.0)
+    d, st = decide(snap(0.0, (0, H, 20)), PolicyState(), p)
+    st = record_outcomes(st, {BASE: None}, p, now_s=0.0)
+    d, st = decide(snap(0.5, (0, H, 0)), st, p)
+    assert d.demote == ()
+    d, st = decide(snap(1.5, (0, H, 0)), st, p)
+    assert d.demote == (BASE,) and d.nohugepage_marks == (Span(BASE, BASE + H),)
+    # Hot again: first the MADV_HUGEPAGE mark (clears VM_NOHUGEPAGE), no collapse yet.
+    d, st = decide(snap(2.0, (0, H, 20)), st, p)
+    assert d.promote == ()
+    assert d.hugepage_marks == (Span(BASE, BASE + H),) and d.nohugepage_marks == ()
+    d, st = decide(snap(2.1, (0, H, 20)), st, p)
+    assert d.promote == (BASE,)
+    st = record_outcomes(st, {BASE: None}, p, now_s=2.1)
+    d, st = decide(snap(2.2, (0, H, 20)), st, p)
+    assert d.hugepage_marks == () and BASE in st.promoted
+
+
+def test_under_madvise_mode_promoted_and_planned_ranges_are_marked_hugepage() -> None:
+    s = snap(0.0, (0, 2 * H, 20))
+    d, st = decide(s, PolicyState(), PARAMS, thp_mode="madvise")
+    assert d.hugepage_marks == (Span(BASE, BASE + 2 * H),)
+    d, _ = decide(s, PolicyState(), PARAMS, thp_mode="never")
+    assert d.hugepage_marks == ()
+
+
+def test_coalesce_joins_touching_ranges_only() -> None:
+    assert policy.coalesce([BASE + 2 * H, BASE, BASE + H, BASE + 5 * H]) == (
+        Span(BASE, BASE + 3 * H),
+        Span(BASE + 5 * H, BASE + 6 * H),
+    )
+
+
+def test_params_reject_nonsense() -> None:
+    import pytest
+
+    for bad in (
+        {"hot_access_pct": 101},
+        {"promote_after_snapshots": 0},
+        {"max_huge_rss_pct": 150},
+        {"collapse_bytes_per_s": 0},
+        {"demote_after_s": -1},
+    ):
+        with pytest.raises(ValueError):
+            PolicyParams(**bad)
