@@ -9,12 +9,12 @@ PYTEST := $(VENV)/bin/pytest
 CACHE  := .cache
 STAMPS := $(CACHE)/stamps
 
-# Debian 12 packages the project needs on the host. The test kernel (and virtiofsd, if
-# bookworm-backports ever carries it; until then the VM uses 9p) come through the private
-# apt sources list of kernel-config/fetch-kernel.sh, never through /etc/apt.
+# Debian 12 packages the project needs on the host. The test kernel comes through the private
+# apt sources list of kernel-config/fetch-kernel.sh, never through /etc/apt; that script also
+# provides virtiofsd (libcap-ng-dev, libseccomp-dev: to build it; see kernel-config/README.md).
 APT_PACKAGES := qemu-system-x86 kmod busybox-static clang llvm libbpf-dev bpftool \
 	libelf-dev zlib1g-dev linux-perf build-essential pkg-config python3-venv python3-pip \
-	cpio zstd file debian-archive-keyring
+	cpio zstd file debian-archive-keyring libcap-ng-dev libseccomp-dev
 
 .PHONY: help setup demo test test-unit test-host test-vm lint workloads bpf kernel \
 	vm-shell vm-run clean

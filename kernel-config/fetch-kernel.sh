@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch, check and unpack the pinned test-VM kernel (kernel-config/pinned-kernel.env) into
 # .cache/kernel/<release>/, using a private apt configuration under .cache/apt so the host's
-# /etc/apt is never touched. Also installs virtiofsd when bookworm-backports offers it.
+# /etc/apt is never touched. Also provides the Rust virtiofsd when it can (see below).
 #
 #   kernel-config/fetch-kernel.sh                 fetch + check + unpack the pinned kernel
 #   kernel-config/fetch-kernel.sh --repin latest  pin the newest kernel of the same series
@@ -142,27 +142,56 @@ ensure_kernel() {
   say "$RELEASE ($KERNEL_VERSION) ready in .cache/kernel/$RELEASE"
 }
 
-# virtiofsd makes the VM's view of the host filesystem faster; virtme-ng falls back to 9p
-# without it. Debian 12 main lacks it; install it from the private backports list when there.
-ensure_virtiofsd() {
+# virtiofsd lets virtme-ng share the host filesystem over virtio-fs; without it the VM uses
+# 9p, where every file access is a slow round trip under TCG (`python -c pass` takes ~6.6 s
+# in the guest over 9p, ~1 s over virtio-fs). Debian 12 has no Rust virtiofsd (not in main,
+# not in bookworm-backports as of 2026-11), so: backports if it ever appears there, else a
+# pinned build from crates.io when a Rust toolchain is present, else 9p.
+VIRTIOFSD_CRATE_VERSION=1.14.0
+VIRTIOFSD_ROOT=/usr/local
+
+have_rust_virtiofsd() {
   # qemu 7.2's own C virtiofsd (/usr/lib/qemu/virtiofsd) does not count: virtme-ng cannot
   # drive it and falls back to 9p after a 3 s wait. Only the Rust daemon (1.x) does.
   local p
   for p in virtiofsd /usr/libexec/virtiofsd /usr/lib/virtiofsd /usr/lib/qemu/virtiofsd; do
-    if "$p" --version 2>/dev/null | grep -q '^virtiofsd 1\.'; then return; fi
+    if "$p" --version 2>/dev/null | grep -q '^virtiofsd 1\.'; then return 0; fi
   done
-  local checked=$CACHE/stamps/virtiofsd-absent-$SUITE
-  if [ -f "$checked" ]; then return; fi
-  [ -d "$APT_DIR/lists" ] && ls "$APT_DIR"/lists/*Packages* >/dev/null 2>&1 || apt_private_update
+  return 1
+}
+
+ensure_virtiofsd() {
+  have_rust_virtiofsd && return
+  local gave_up=$CACHE/stamps/virtiofsd-unavailable
+  if [ -f "$gave_up" ]; then
+    say "virtiofsd unavailable ($(cat "$gave_up")); the test VM uses 9p (rm $gave_up to retry)"
+    return
+  fi
+  mkdir -p "$CACHE/stamps"
+  ls "$APT_DIR"/lists/*Packages* >/dev/null 2>&1 || apt_private_update
   if apt-cache "${APT_OPTS[@]}" madison virtiofsd | grep -q .; then
     mkdir -p "$CACHE/virtiofsd"
     (cd "$CACHE/virtiofsd" && apt-get "${APT_OPTS[@]}" -qq download virtiofsd)
     say "installing virtiofsd from $SUITE"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$CACHE"/virtiofsd/virtiofsd_*.deb
+    return
+  fi
+  local cargo
+  cargo=$(command -v cargo || ls "$HOME/.cargo/bin/cargo" 2>/dev/null || true)
+  if [ -z "$cargo" ]; then
+    echo "not in $SUITE, no cargo to build it" >"$gave_up"
+    say "virtiofsd is not in $SUITE and no Rust toolchain is here; the test VM uses 9p"
+    return
+  fi
+  say "building virtiofsd $VIRTIOFSD_CRATE_VERSION from crates.io into $VIRTIOFSD_ROOT/bin" \
+      "(once per machine, ~3 min)"
+  if "$cargo" install --quiet --locked --root "$VIRTIOFSD_ROOT" \
+       "virtiofsd@$VIRTIOFSD_CRATE_VERSION" >"$CACHE/virtiofsd-build.log" 2>&1 \
+     && have_rust_virtiofsd; then
+    say "virtiofsd $VIRTIOFSD_CRATE_VERSION installed"
   else
-    say "virtiofsd is not in $SUITE; the test VM shares the host filesystem over 9p instead"
-    mkdir -p "$CACHE/stamps"
-    touch "$checked"
+    echo "cargo build failed, see .cache/virtiofsd-build.log" >"$gave_up"
+    say "virtiofsd build failed (.cache/virtiofsd-build.log); the test VM uses 9p instead"
   fi
 }
 

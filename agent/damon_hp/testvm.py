@@ -225,9 +225,24 @@ def new_run_dir() -> Path:
 
 
 def prune_old_runs(keep: int = KEEP_RUNS) -> None:
+    """Keep the newest `keep` run directories; never remove one whose VM may still run
+    (several people share one work tree and its .cache)."""
     runs = sorted((p for p in RUNS_DIR.iterdir() if p.is_dir()), key=lambda p: p.name)
     for old in runs[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if not _owner_alive(old):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _owner_alive(run_dir: Path) -> bool:
+    # Names are <date>-<time>-<pid>[-n]; the pid is the process that ran the VM.
+    try:
+        pid = int(run_dir.name.split("-")[2])
+        os.kill(pid, 0)
+    except (IndexError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class _Tail(threading.Thread):
