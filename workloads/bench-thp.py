@@ -40,6 +40,7 @@ import inputsets  # noqa: E402
 PR_SET_THP_DISABLE = 41
 THP_SYSFS = Path("/sys/kernel/mm/transparent_hugepage")
 SAMPLE_S = 0.1
+README = Path(__file__).resolve().parent / "README.md"
 
 
 @dataclass
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--updates", type=int, default=100_000_000,
                    help="gups updates per run (default 100000000)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--record", action="store_true",
+                   help="also write the command and its output into workloads/README.md")
     ns = p.parse_args(argv)
     if ns.reps < 1:
         p.error("--reps must be >= 1")
@@ -167,14 +170,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     thp_mode = (THP_SYSFS / "enabled").read_text().strip()
     defrag = (THP_SYSFS / "defrag").read_text().strip()
-    log = sys.stderr if ns.json else sys.stdout
-    print(f"# host THP enabled: {thp_mode}; defrag: {defrag} (read only, never changed)", file=log)
-    print(f"# off: PR_SET_THP_DISABLE + {shlex.join(argv_off)}", file=log)
+    log_file = sys.stderr if ns.json else sys.stdout
+    transcript: list[str] = []
+
+    def log(line: str) -> None:
+        transcript.append(line)
+        print(line, file=log_file, flush=True)
+
+    log(f"# host THP enabled: {thp_mode}; defrag: {defrag} (read only, never changed)")
+    log(f"# load average at start: {_loadavg()}")
+    log(f"# off: PR_SET_THP_DISABLE + {shlex.join(argv_off)}")
     on_how = ("GLIBC_TUNABLES=" + env_on["GLIBC_TUNABLES"] + " "
               if env_on is not env_off else "")
-    print(f"# on:  {on_how}{shlex.join(argv_on)}", file=log)
+    log(f"# on:  {on_how}{shlex.join(argv_on)}")
     if cwd:
-        print(f"# cwd: {cwd}" + (f"; stdin: {stdin}" if stdin else ""), file=log)
+        log(f"# cwd: {cwd}" + (f"; stdin: {stdin}" if stdin else ""))
 
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="bench-thp-") as tmp:
@@ -193,9 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 r = Run(rep, mode, metric(out, wall), wall, rss, huge, code)
                 runs.append(r)
-                print(f"rep {rep} {mode:3}: {metric_name} {r.value:.4f}  wall {wall:.2f} s  "
-                      f"peak RSS {rss / 1024:.1f} MiB  peak AnonHugePages {huge / 1024:.1f} MiB",
-                      file=log, flush=True)
+                log(f"rep {rep} {mode:3}: {metric_name} {r.value:.4f}  wall {wall:.2f} s  "
+                    f"peak RSS {rss / 1024:.1f} MiB  peak AnonHugePages {huge / 1024:.1f} MiB")
 
     med = {m: statistics.median(r.value for r in runs if r.mode == m) for m in ("off", "on")}
     ratio = med["off"] / med["on"] if med["on"] > 0 else float("nan")
@@ -212,12 +221,41 @@ def main(argv: list[str] | None = None) -> int:
                           "metric": metric_name, "median_off": med["off"],
                           "median_on": med["on"], "ratio_off_on": ratio,
                           "warnings": warnings, "runs": [asdict(r) for r in runs]}))
+    log(f"# load average at end: {_loadavg()}")
+    summary = (f"median {metric_name}: off {med['off']:.4f}  on {med['on']:.4f}  "
+               f"ratio off/on {ratio:.3f} ({ns.reps} reps each, interleaved)")
+    if not ns.json:
+        log(summary)
     else:
-        print(f"median {metric_name}: off {med['off']:.4f}  on {med['on']:.4f}  "
-              f"ratio off/on {ratio:.3f} ({ns.reps} reps each, interleaved)")
+        transcript.append(summary)
     for w in warnings:
         print(f"bench-thp: warning: {w}", file=sys.stderr)
+        transcript.append(f"warning: {w}")
+    if ns.record:
+        record(ns.workload, argv if argv is not None else sys.argv[1:], transcript)
     return 0
+
+
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def record(workload: str, args: list[str], transcript: list[str]) -> None:
+    """Replace README.md's block for this workload with the command and its output."""
+    name = "streamcluster" if workload.startswith("streamcluster") else workload
+    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+    text = README.read_text()
+    if begin not in text or end not in text:
+        print(f"bench-thp: {README} has no {begin} ... {end} markers; not recorded",
+              file=sys.stderr)
+        return
+    shown = [a for a in args if a != "--record"]
+    block = "\n".join(
+        [f"Recorded {time.strftime('%Y-%m-%d %H:%M %Z')}:", "",
+         f"    $ workloads/bench-thp.py {shlex.join(shown)}"]
+        + [f"    {line}" for line in transcript])
+    head, rest = text.split(begin, 1)
+    README.write_text(head + begin + "\n" + block + "\n" + end + rest.split(end, 1)[1])
 
 
 if __name__ == "__main__":
