@@ -262,13 +262,33 @@ int on_madvise(struct trace_event_raw_sys_enter *ctx)
 	return 0;
 }
 
-/* Does the caller's file descriptor `fd` name the target process? */
+/* The process (thread-group leader) behind a pidfs inode: i_private is the struct pid,
+ * whose PIDTYPE_TGID list holds the leader through its pid_links[PIDTYPE_TGID] node. */
+static __always_inline struct task_struct *pidfs_task(struct inode *inode)
+{
+	struct pid *pid = BPF_CORE_READ(inode, i_private);
+	struct hlist_node *node;
+
+	if (!pid)
+		return NULL;
+	node = BPF_CORE_READ(pid, tasks[PIDTYPE_TGID].first);
+	if (!node)
+		return NULL;
+	return (struct task_struct *)((void *)node -
+				      bpf_core_field_offset(struct task_struct, pid_links) -
+				      PIDTYPE_TGID * sizeof(struct hlist_node));
+}
+
+/* Does the caller's file descriptor `fd` name the target process? When it does, the
+ * target's mm is learned from it too, so work on a target that never runs is seen. */
 static __always_inline bool pidfd_is_target(int fd)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct task_struct *target;
 	struct file **fds, *file = NULL;
 	struct fdtable *fdt;
 	struct inode *inode;
+	__u64 mm;
 
 	if (fd == PIDFD_SELF_THREAD || fd == PIDFD_SELF_THREAD_GROUP)
 		return current_is_target();
@@ -283,7 +303,15 @@ static __always_inline bool pidfd_is_target(int fd)
 	inode = BPF_CORE_READ(file, f_inode);
 	if (BPF_CORE_READ(inode, i_sb, s_magic) != PID_FS_MAGIC)
 		return false;
-	return BPF_CORE_READ(inode, i_ino) == targ_pidfs_ino;
+	if (BPF_CORE_READ(inode, i_ino) != targ_pidfs_ino)
+		return false;
+	target = pidfs_task(inode);
+	if (target && (__u32)BPF_CORE_READ(target, tgid) == targ_tgid) {
+		mm = (__u64)BPF_CORE_READ(target, mm);
+		if (mm)
+			targ_mm = mm;
+	}
+	return true;
 }
 
 /* Counted when it acts on the target's memory, whoever the caller is. */

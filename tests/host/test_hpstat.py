@@ -190,3 +190,19 @@ def test_damon_hp_trace_prints_json_intervals_then_summary(child: Child) -> None
     assert records[-1]["type"] == "summary"
     assert records[-1]["pid"] == child.pid
     assert records[-1]["page_faults_user"] >= 2000
+
+
+def test_collapses_of_a_child_that_never_runs_are_attributed_through_the_pidfd(
+        child: Child) -> None:
+    # populated before tracing starts; the child then sleeps in read() for the whole trace,
+    # so hpstat can only learn its mm from the pidfd that process_madvise names
+    span = child.ask("huge 2")
+    start, end = span["start"], span["end"]
+    with HpStat.start(pid=child.pid, interval_s=0.5) as trace:
+        assert process_madvise(child.pid, start, end - start, MADV_COLLAPSE) == end - start
+        huge = anon_huge_kib(child.pid, start, end) * 1024 // HUGE
+        total = trace.stop().total
+    assert huge >= 1
+    assert total.page_faults_user == 0
+    assert total.madv_collapse.collapsed == huge
+    assert total.process_madvise == {"MADV_COLLAPSE": 1}
