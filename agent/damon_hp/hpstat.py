@@ -178,6 +178,22 @@ class HpStatRecord:
     def tlb_flushes(self) -> int:
         return sum(self.tlb_flush.values())
 
+    def headline(self) -> dict[str, Any]:
+        """The few figures a run report shows: faults, collapses, stall time, TLB flushes."""
+        failed: dict[str, int] = {}
+        for activity in (self.khugepaged, self.madv_collapse):
+            for status, n in activity.collapse_failed.items():
+                failed[status] = failed.get(status, 0) + n
+        return {
+            "page_faults_user": self.page_faults_user,
+            "collapsed": {"khugepaged": self.khugepaged.collapsed,
+                          "madv_collapse": self.madv_collapse.collapsed},
+            "collapse_failed": failed,
+            "compaction_stall_ms": round(self.compaction_direct.total_us / 1000, 3),
+            "direct_reclaim_stall_ms": round(self.direct_reclaim.total_us / 1000, 3),
+            "tlb_flushes": self.tlb_flushes,
+        }
+
     def to_json(self) -> dict[str, Any]:
         """The record exactly as hpstat printed it."""
         return self.raw

@@ -131,6 +131,9 @@ def test_sees_process_madvise_collapses_of_the_child_with_their_status(child: Ch
     # intervals add up to the summary
     assert sum(r.madv_collapse.collapsed for r in summary.intervals) == huge_after_first
     assert f"succeeded {huge_after_first}" in format_table(summary.total)
+    headline = summary.total.headline()
+    assert headline["collapsed"] == {"khugepaged": 0, "madv_collapse": huge_after_first}
+    assert headline["collapse_failed"] == {}
 
 
 def test_ends_with_a_summary_when_the_traced_process_exits(child: Child) -> None:
