@@ -1,0 +1,168 @@
+"""Per-run measurements: periodic samples of the workload's memory (smaps_rollup, status,
+exact huge-page bytes of its ground-truth hot range), CPU time of the agent and of the kdamonds
+that appeared during the run, and the reductions of those samples (peak, time-weighted mean,
+time until the hot set was huge-page backed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from damon_hp import procfs
+
+HUGE = 2 << 20
+DAMON_KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
+HOT_HUGE_THRESHOLD = 0.9
+
+
+def huge_capable_bytes(ranges: list[tuple[int, int]]) -> int:
+    """Bytes of `ranges` covered by whole, aligned 2 MiB pages: the most that can be huge."""
+    total = 0
+    for lo, hi in ranges:
+        a = (lo + HUGE - 1) // HUGE * HUGE
+        b = hi // HUGE * HUGE
+        total += max(0, b - a)
+    return total
+
+
+def time_weighted_mean(samples: list[dict[str, Any]], key: str) -> float | None:
+    """Mean of a sampled value, each sample holding until the next (sample-and-hold).
+
+    The last sample has no successor and so no weight; with one sample, that sample's value.
+    """
+    pts = [(s["t"], s[key]) for s in samples if s.get(key) is not None]
+    if not pts:
+        return None
+    if len(pts) == 1:
+        return float(pts[0][1])
+    area = sum(v * (t2 - t1) for (t1, v), (t2, _) in zip(pts, pts[1:], strict=False))
+    span = pts[-1][0] - pts[0][0]
+    if span <= 0:
+        return float(pts[-1][1])
+    return area / span
+
+
+def peak(samples: list[dict[str, Any]], key: str) -> int | None:
+    vals = [s[key] for s in samples if s.get(key) is not None]
+    return max(vals) if vals else None
+
+
+def first_time_at_least(samples: list[dict[str, Any]], key: str, threshold: float) -> float | None:
+    for s in samples:
+        v = s.get(key)
+        if v is not None and v >= threshold:
+            return float(s["t"])
+    return None
+
+
+def kdamond_pids(root: Path = DAMON_KDAMONDS) -> dict[str, int]:
+    """{kdamond directory name: pid} of running kdamonds (read-only)."""
+    out = {}
+    try:
+        entries = [p for p in root.iterdir() if p.name.isdigit()]
+    except OSError:
+        return out
+    for d in entries:
+        try:
+            pid = int((d / "pid").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if pid > 0:
+            out[d.name] = pid
+    return out
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        return procfs.read_stat(pid).cpu_s
+    except (procfs.ProcessGone, OSError, ValueError):
+        return None
+
+
+@dataclass
+class Sampler:
+    """Samples one workload process; `t` of a sample is seconds since the workload's exec."""
+
+    pid: int
+    t0: float
+    agent_pid: int | None = None
+    foreign_kdamonds: set[int] = field(default_factory=set)
+    hot: list[tuple[int, int]] | None = None
+    hot_seen_s: float | None = None  # when the benchmark's hot range was first seen
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    agent_cpu_s: float | None = None
+    kdamond_cpu_s: dict[int, float] = field(default_factory=dict)
+    hot_exact: bool = True
+
+    def sample(self, now: float) -> None:
+        s: dict[str, Any] = {"t": round(now - self.t0, 4)}
+        try:
+            roll = procfs.smaps_rollup(self.pid)
+            st = procfs.read_status(self.pid)
+        except (procfs.ProcessGone, OSError):
+            return
+        s["rss"] = roll.get("Rss")
+        s["anon_huge"] = roll.get("AnonHugePages")
+        s["swap"] = roll.get("Swap")
+        s["pte"] = st.vm_pte
+        s["hwm"] = st.vm_hwm
+        if self.hot:
+            s["hot_huge"] = self._hot_huge()
+        self.samples.append(s)
+        if self.agent_pid:
+            cpu = cpu_seconds(self.agent_pid)
+            if cpu is not None:
+                self.agent_cpu_s = cpu
+        for pid in kdamond_pids().values():
+            if pid in self.foreign_kdamonds:
+                continue
+            cpu = cpu_seconds(pid)
+            if cpu is not None:
+                self.kdamond_cpu_s[pid] = max(cpu, self.kdamond_cpu_s.get(pid, 0.0))
+
+    def _hot_huge(self) -> float | None:
+        assert self.hot is not None
+        capable = huge_capable_bytes(self.hot)
+        if capable == 0:
+            return None
+        try:
+            huge = procfs.huge_bytes_in(self.pid, self.hot)
+        except procfs.PagemapScanUnsupported:
+            # Per-VMA counters: exact only because the benchmarks map their hot range alone.
+            self.hot_exact = False
+            maps = procfs.read_smaps(self.pid)
+            huge = procfs.smaps_in_ranges(maps, self.hot).anon_huge_bytes
+        except (procfs.ProcessGone, OSError):
+            return None
+        return min(1.0, huge / capable)
+
+    def set_hot(self, ranges: list[tuple[int, int]], now: float) -> None:
+        self.hot = ranges
+        self.hot_seen_s = now - self.t0
+
+    def _time_to_hot_huge(self) -> float | None:
+        """Seconds from the start of the hot phase (the benchmark printed its hot range, after
+        touching its memory) until >= 90% of the hot range was huge-page backed."""
+        if not self.hot or self.hot_seen_s is None:
+            return None
+        t = first_time_at_least(self.samples, "hot_huge", HOT_HUGE_THRESHOLD)
+        return None if t is None else max(0.0, t - self.hot_seen_s)
+
+    def summary(self) -> dict[str, Any]:
+        s = self.samples
+        hot_final = next((x["hot_huge"] for x in reversed(s) if x.get("hot_huge") is not None),
+                         None)
+        return {
+            "peak_rss_bytes": peak(s, "hwm"),
+            "mean_rss_bytes": time_weighted_mean(s, "rss"),
+            "anon_huge_peak_bytes": peak(s, "anon_huge"),
+            "anon_huge_mean_bytes": time_weighted_mean(s, "anon_huge"),
+            "pte_peak_bytes": peak(s, "pte"),
+            "swap_peak_bytes": peak(s, "swap"),
+            "time_to_hot_huge_s": self._time_to_hot_huge(),
+            "hot_huge_fraction_final": hot_final,
+            "agent_cpu_s": self.agent_cpu_s,
+            "kdamond_cpu_s": sum(self.kdamond_cpu_s.values()) if self.kdamond_cpu_s else None,
+        }

@@ -1,0 +1,384 @@
+"""How each policy is applied to one run, inside the VM and (for some) on the host.
+
+Inside the test VM (DAMON_HP_IN_VM=1) the thp-* policies set the global THP mode. On the host the
+global THP settings are never touched: thp-never becomes prctl(PR_SET_THP_DISABLE) on the
+workload, thp-madvise runs only when the host already is in madvise mode, thp-always becomes
+glibc's malloc tunable (malloc'd memory only), and the DAMON policies refuse (the host's DAMON is
+not ours to use). Each policy says how it was applied (`mechanism`); the report shows it.
+
+A policy's life in one run: `check` (before the experiment), `thp_mode` (set before the
+workload starts), `wrap` (the command to spawn), `attach` (the workload's pid is known and it is
+held before exec), `on_hot_ranges` (the benchmark printed its hot range), `finish` (the workload
+exited), `cleanup` (always, also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from damon_hp import procfs
+from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.experiment.measure import HUGE, kdamond_pids
+from damon_hp.experiment.spec import PolicyOptions
+
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+VENV_BIN = Path(sys.executable).parent
+
+# DAMON's example "ethp" scheme (DAMON evaluation documents): MADV_HUGEPAGE on regions of any
+# size with >= 5% access frequency; MADV_NOHUGEPAGE on regions >= 2 MiB not accessed for >= 7 s.
+ETHP_DAMO_ARGS = [
+    "--damos_action", "hugepage",
+    "--damos_sz_region", "min", "max",
+    "--damos_access_rate", "5%", "max",
+    "--damos_age", "min", "max",
+    "--damos_action", "nohugepage",
+    "--damos_sz_region", "2MiB", "max",
+    "--damos_access_rate", "min", "min",
+    "--damos_age", "7s", "max",
+]  # fmt: skip
+
+
+def in_vm() -> bool:
+    return os.environ.get("DAMON_HP_IN_VM") == "1"
+
+
+def set_global_thp(mode: str) -> None:
+    """Write the system THP mode: refused outside the test VM, whatever the caller wants."""
+    if not in_vm():
+        raise EnvironmentProblem(
+            "refusing to change the global THP mode (/sys/kernel/mm/transparent_hugepage/"
+            "enabled) outside the test VM (DAMON_HP_IN_VM is not 1); run the experiment with "
+            'where = "vm", or on the host only with its host policies'
+        )
+    if procfs.thp_mode(str(THP_ENABLED)) != mode:
+        THP_ENABLED.write_text(mode)
+
+
+def _tool(name: str) -> str:
+    path = VENV_BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if not found:
+        raise EnvironmentProblem(f"{name} not found next to {sys.executable} or on PATH; "
+                                 "run `make setup`")
+    return found
+
+
+@dataclass
+class RunState:
+    """What a policy learns during one run and hands back to the runner."""
+
+    rundir: Path
+    options: PolicyOptions
+    notes: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    agent_pid: int | None = None
+
+
+class Policy:
+    name = ""
+    needs_hold = False
+    uses_damon = False
+    vm_thp = "never"  # global THP mode inside the VM
+
+    def check(self, vm: bool) -> None:
+        """Raise EnvironmentProblem when this policy cannot run here."""
+
+    def thp_mode(self, vm: bool, options: PolicyOptions) -> str | None:
+        """The global THP mode to set before the run (None: leave it)."""
+        return (options.thp or self.vm_thp) if vm else None
+
+    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+        return f"system THP mode {self.thp_mode(vm, options)} (VM)" if vm else "host"
+
+    def launcher_flags(self, vm: bool) -> list[str]:
+        return []
+
+    def env(self, vm: bool) -> dict[str, str]:
+        return {}
+
+    def wrap(self, argv: list[str], state: RunState) -> list[str]:
+        return argv
+
+    def attach(self, pid: int, state: RunState) -> None:
+        pass
+
+    def on_hot_ranges(self, pid: int, t0: float, ranges: list[tuple[int, int]],
+                      state: RunState) -> None:
+        pass
+
+    def finish(self, state: RunState) -> None:
+        pass
+
+    def cleanup(self, state: RunState) -> None:
+        pass
+
+
+class ThpNever(Policy):
+    name = "thp-never"
+    vm_thp = "never"
+
+    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+        if vm:
+            return "system THP mode never (VM)"
+        return "prctl(PR_SET_THP_DISABLE) on the workload (host; global THP untouched)"
+
+    def launcher_flags(self, vm: bool) -> list[str]:
+        return [] if vm else ["--thp-disable"]
+
+
+class ThpAlways(Policy):
+    name = "thp-always"
+    vm_thp = "always"
+
+    def check(self, vm: bool) -> None:
+        if not vm and procfs.thp_mode() not in ("madvise", "always"):
+            raise EnvironmentProblem(
+                f"thp-always on the host needs THP mode madvise or always, the host has "
+                f"{procfs.thp_mode()}; run it in the VM (where = \"vm\")"
+            )
+
+    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+        if vm:
+            return "system THP mode always (VM)"
+        return ("GLIBC_TUNABLES=glibc.malloc.hugetlb=1: malloc'd memory madvised MADV_HUGEPAGE "
+                "(host; memory the program mmaps itself is not covered)")
+
+    def env(self, vm: bool) -> dict[str, str]:
+        return {} if vm else {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+
+
+class ThpMadvise(Policy):
+    name = "thp-madvise"
+    vm_thp = "madvise"
+
+    def check(self, vm: bool) -> None:
+        if not vm and procfs.thp_mode() != "madvise":
+            raise EnvironmentProblem(
+                f"thp-madvise on the host needs the host's THP mode to be madvise already (it is "
+                f"{procfs.thp_mode()}; the global mode is never changed on the host); run it in "
+                'the VM (where = "vm")'
+            )
+
+    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+        return ("system THP mode madvise (VM)" if vm
+                else "the host's own THP mode madvise (host; untouched)")
+
+
+def _check_damon_free(policy: str) -> None:
+    if not in_vm():
+        raise EnvironmentProblem(
+            f"{policy} needs a DAMON of its own; on the host DAMON is taken by a kdamond that "
+            'is not ours. Run the experiment in the test VM (where = "vm")'
+        )
+
+
+class DamosEthp(Policy):
+    name = "damos-ethp"
+    needs_hold = True
+    uses_damon = True
+    vm_thp = "madvise"
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def check(self, vm: bool) -> None:
+        _check_damon_free(self.name)
+        _tool("damo")
+
+    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+        return (f"damo start with the ethp schemes on the workload's pid, system THP mode "
+                f"{self.thp_mode(vm, options)} (VM)")
+
+    def _damo(self, args: list[str]) -> tuple[int, str, float]:
+        """Run damo; its exit code, output and CPU time (damo is this policy's user-space half,
+        so its CPU time is the policy's agent time)."""
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        r = subprocess.run([_tool("damo"), *args], capture_output=True, text=True, timeout=300,
+                           check=False)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        return r.returncode, (r.stdout or "") + (r.stderr or ""), cpu
+
+    def attach(self, pid: int, state: RunState) -> None:
+        foreign = kdamond_pids()
+        if foreign:
+            raise EnvironmentProblem(
+                f"kdamond(s) {sorted(foreign)} are already running; damos-ethp uses `damo stop`, "
+                "which stops every kdamond, so it refuses to run next to one it did not start"
+            )
+        code, out, cpu = self._damo(["start", *ETHP_DAMO_ARGS, str(pid)])
+        state.metrics["agent_cpu_s"] = cpu
+        (state.rundir / "damo-start.txt").write_text(out)
+        if code != 0:
+            raise DamonHpError(f"damo start failed (exit {code}): {out.strip()[-500:]}")
+        self.started = True
+
+    def finish(self, state: RunState) -> None:
+        self._stop(state)
+
+    def cleanup(self, state: RunState) -> None:
+        self._stop(state)
+
+    def _stop(self, state: RunState) -> None:
+        if not self.started:
+            return
+        self.started = False
+        code, out, cpu = self._damo(["stop"])
+        state.metrics["agent_cpu_s"] = (state.metrics.get("agent_cpu_s") or 0.0) + cpu
+        if code != 0 and kdamond_pids():
+            state.notes.append(f"damo stop failed: {out.strip()[-200:]}")
+
+
+class DamonHp(Policy):
+    name = "damon-hp"
+    uses_damon = True
+    vm_thp = "madvise"
+
+    def check(self, vm: bool) -> None:
+        _check_damon_free(self.name)
+        _tool("damon-hp")
+
+    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+        extra = f" {' '.join(options.agent_args)}" if options.agent_args else " (defaults)"
+        return f"damon-hp run{extra}, system THP mode {self.thp_mode(vm, options)} (VM)"
+
+    def wrap(self, argv: list[str], state: RunState) -> list[str]:
+        out = state.rundir / "agent.json"
+        return [_tool("damon-hp"), "run", "--json", str(out), *state.options.agent_args,
+                "--", *argv]
+
+    def finish(self, state: RunState) -> None:
+        path = state.rundir / "agent.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            state.notes.append("the agent wrote no --json output")
+            return
+        except json.JSONDecodeError as e:
+            state.notes.append(f"agent JSON unreadable: {e}")
+            return
+        state.metrics.update(agent_metrics(data))
+
+
+def _number(d: Any, *keys: str) -> float | None:
+    for k in keys:
+        if isinstance(d, dict) and isinstance(d.get(k), int | float):
+            return float(d[k])
+    return None
+
+
+def agent_metrics(data: dict[str, Any]) -> dict[str, Any]:
+    """What the runner takes from `damon-hp run --json`: the agent's and kdamond's CPU time.
+
+    Tolerant of layout (flat or under "summary"): a missing figure stays None.
+    """
+    summary = data.get("summary", data) if isinstance(data, dict) else {}
+    out: dict[str, Any] = {}
+    agent = _number(summary, "agent_cpu_s")
+    kdamond = _number(summary, "kdamond_cpu_s")
+    if agent is not None:
+        out["agent_cpu_s"] = agent
+    if kdamond is not None:
+        out["kdamond_cpu_s"] = kdamond
+    return out
+
+
+class DamonHpCompact(DamonHp):
+    name = "damon-hp-compact"
+
+
+@dataclass
+class CollapseOutcome:
+    bytes_done: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    cpu_s: float = 0.0
+    done_at_s: float | None = None
+
+
+class Oracle(Policy):
+    """Collapse exactly the benchmark's printed hot range with process_madvise(MADV_COLLAPSE)."""
+
+    name = "oracle"
+    vm_thp = "never"
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.outcome = CollapseOutcome()
+
+    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+        where = f"system THP mode {self.thp_mode(vm, options)} (VM)" if vm else \
+            "host; global THP untouched"
+        return f"process_madvise(MADV_COLLAPSE) of the printed hot range, {where}"
+
+    def on_hot_ranges(self, pid: int, t0: float, ranges: list[tuple[int, int]],
+                      state: RunState) -> None:
+        self.thread = threading.Thread(target=self._collapse, args=(pid, t0, ranges),
+                                       daemon=True)
+        self.thread.start()
+
+    def _collapse(self, pid: int, t0: float, ranges: list[tuple[int, int]]) -> None:
+        from damon_hp import actuate
+
+        starts = [a for lo, hi in ranges
+                  for a in range((lo + HUGE - 1) // HUGE * HUGE, hi // HUGE * HUGE, HUGE)]
+        try:
+            target = actuate.Target.open(pid)
+        except DamonHpError as e:
+            self.outcome.errors[str(e)] = 1
+            return
+        with target:
+            t, c = time.monotonic(), time.thread_time()
+            pending = starts
+            for _ in range(3):  # EAGAIN (page under migration, lock contention) is transient
+                results = actuate.collapse(target, pending)
+                pending = []
+                for r in results:
+                    self.outcome.bytes_done += r.bytes_done
+                    if r.error:
+                        self.outcome.errors[r.error] = self.outcome.errors.get(r.error, 0) + 1
+                        if r.error == errno.errorcode[errno.EAGAIN]:
+                            pending.append(r.start)
+                if not pending or target.exited():
+                    break
+            self.outcome.seconds = time.monotonic() - t
+            self.outcome.cpu_s = time.thread_time() - c
+            self.outcome.done_at_s = time.monotonic() - t0
+
+    def finish(self, state: RunState) -> None:
+        if self.thread is None:
+            state.notes.append("oracle: the benchmark never printed its hot range")
+            return
+        self.thread.join(timeout=60)
+        o = self.outcome
+        # The collapse runs in the runner's thread and is charged to it: that is the oracle's
+        # whole cost, so it is the oracle's "agent" CPU time.
+        state.metrics["agent_cpu_s"] = o.cpu_s
+        state.notes.append(
+            f"oracle collapsed {o.bytes_done / 2**20:.0f} MiB in {o.seconds:.2f} s"
+            + (f", errors {o.errors}" if o.errors else "")
+        )
+
+
+POLICY_CLASSES: dict[str, type[Policy]] = {
+    cls.name: cls
+    for cls in (ThpNever, ThpAlways, ThpMadvise, DamosEthp, DamonHp, DamonHpCompact, Oracle)
+}
+
+
+def make(name: str) -> Policy:
+    return POLICY_CLASSES[name]()

@@ -1,0 +1,461 @@
+"""Run the cells of an experiment, one process tree at a time, resumably.
+
+One cell: set the policy's THP mode, make the run's cgroup (with memory.max for `insufficient`),
+spawn the launcher (wrapped by the policy: `damon-hp run -- ...`), learn the workload's pid,
+attach the policy, sample the workload until its pidfd says it exited, collect its exit status,
+resource usage and cgroup counters, and write one JSON result. Interrupted or not, the cell's
+ExitStack kills the process tree, stops what the policy started and removes the cgroup.
+
+Resumption: a cell whose result file exists (in the output directory or in a `previous` one) is
+not run again, unless its status is "error" (the runner could not run it at all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from damon_hp import procfs
+from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.experiment import policies, workloads
+from damon_hp.experiment.environment import in_vm
+from damon_hp.experiment.measure import DAMON_KDAMONDS, Sampler, kdamond_pids
+from damon_hp.experiment.memory import RunCgroup, ZramSwap, active_swap_bytes
+from damon_hp.experiment.progress import Progress
+from damon_hp.experiment.results import (
+    FAILED,
+    OK,
+    OOM,
+    TIMEOUT,
+    RunResult,
+    load_runs,
+    run_path,
+    save_run,
+    write_json_atomic,
+)
+from damon_hp.experiment.spec import (
+    ALWAYS,
+    GROUND_TRUTH_PROGRAMS,
+    Cell,
+    Experiment,
+    expand,
+)
+
+ERROR = "error"  # the runner could not run the cell; retried on resume
+LAUNCHER = Path(__file__).resolve().parent / "launch.py"
+START_TIMEOUT_S = 300.0  # agent start-up under TCG can take a while
+AGENT_EXIT_TIMEOUT_S = 120.0
+
+
+class Interrupted(DamonHpError):
+    exit_code = 130
+
+
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (and SIGHUP) take the same clean-up path as Ctrl-C."""
+    old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def group_key(cell: Cell) -> str:
+    return f"{cell.workload.name}_t{cell.threads}"
+
+
+@dataclass
+class Context:
+    exp: Experiment
+    out: Path
+    previous: list[Path] = field(default_factory=list)
+    vm: bool = False
+    limits: dict[str, int] = field(default_factory=dict)
+    progress: Progress | None = None
+
+    def finished(self) -> dict[str, RunResult]:
+        runs: dict[str, RunResult] = {}
+        for d in [*self.previous, self.out]:
+            if (d / "runs").is_dir():
+                for r in load_runs(d):
+                    runs[r.cell_id] = r
+        return runs
+
+
+def is_done(ctx: Context, cell: Cell) -> bool:
+    for d in [ctx.out, *ctx.previous]:
+        p = run_path(d, cell.id)
+        if p.exists():
+            try:
+                status = json.loads(p.read_text()).get("status")
+            except (OSError, json.JSONDecodeError):
+                continue
+            if status != ERROR:
+                return True
+    return False
+
+
+def check_runnable(exp: Experiment, cells: list[Cell], vm: bool) -> None:
+    """Every reason the experiment cannot run here, before anything starts."""
+    problems = []
+    for name in sorted({c.policy for c in cells}):
+        try:
+            policies.make(name).check(vm)
+        except EnvironmentProblem as e:
+            problems.append(str(e))
+    if not vm and any(c.memory == "insufficient" for c in cells):
+        problems.append("the insufficient-memory condition needs a cgroup and swap of its own; "
+                        'it runs only in the test VM (where = "vm")')
+    missing = workloads.check_built({workloads.program_for(c.workload, c.policy) for c in cells})
+    if missing:
+        problems.append(f"workloads not built: {', '.join(missing)}; run `make workloads`")
+    if problems:
+        raise EnvironmentProblem("cannot run this experiment here:\n  " + "\n  ".join(problems))
+
+
+def insufficient_limit(ctx: Context, cell: Cell) -> int | None:
+    """memory.max for an insufficient cell: a fraction of thp-always's median peak, fixed once."""
+    key = group_key(cell)
+    if key in ctx.limits:
+        return ctx.limits[key]
+    peaks = []
+    for r in ctx.finished().values():
+        if (r.policy == ALWAYS and r.memory == "sufficient" and r.status == OK
+                and r.workload == cell.workload.name and r.threads == cell.threads):
+            v = r.cgroup_peak_bytes or r.peak_rss_bytes
+            if v:
+                peaks.append(v)
+    if not peaks:
+        return None
+    limit = int(statistics.median(peaks) * ctx.exp.insufficient.fraction_of_always_peak)
+    limit = max(limit // 4096 * 4096, 4096)
+    ctx.limits[key] = limit
+    write_json_atomic(ctx.out / "limits.json", ctx.limits)
+    return limit
+
+
+def _wait_mark(mark: Path, proc: subprocess.Popen[bytes], key: str,
+               deadline: float) -> dict[str, Any]:
+    while True:
+        if mark.exists():
+            try:
+                data = json.loads(mark.read_text())
+                if key in data:
+                    return data
+            except json.JSONDecodeError:
+                pass  # written by rename, so only a race with a stale file; read again
+        if proc.poll() is not None:
+            raise DamonHpError(
+                f"{Path(proc.args[0]).name} exited with {proc.returncode} before the "  # type: ignore[index]
+                "workload started; see its stderr.txt"
+            )
+        if time.monotonic() > deadline:
+            raise DamonHpError("the workload did not start within "
+                               f"{START_TIMEOUT_S:.0f} s of spawning")
+        time.sleep(0.02)
+
+
+def _wait4(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, Any] | None:
+    """Reap the direct child; (exit code, rusage) or None when it does not exit in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            code = os.waitstatus_to_exitcode(status)
+            proc.returncode = code
+            return code, ru
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _terminate(proc: subprocess.Popen[bytes], graceful_s: float) -> None:
+    """SIGTERM the direct child (an agent cleans up its kdamond), then SIGKILL its group."""
+    if proc.returncode is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    if _wait4(proc, graceful_s) is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _wait4(proc, 10.0)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def stop_leftover_kdamonds(before: set[int], notes: list[str]) -> None:
+    """VM only: a kdamond that appeared during the run and still runs after it was left by the
+    policy (an agent that crashed); stop it so the next run starts clean."""
+    if not in_vm():
+        return
+    for name, pid in kdamond_pids().items():
+        if pid in before:
+            continue
+        try:
+            (DAMON_KDAMONDS / name / "state").write_text("off")
+            notes.append(f"kdamond {name} (pid {pid}) was left running by the policy; the "
+                         "runner stopped it")
+        except OSError as e:
+            notes.append(f"kdamond {name} (pid {pid}) was left running and could not be "
+                         f"stopped: {e}")
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _usage_delta(mark: dict[str, Any], a: str, b: str) -> dict[str, float]:
+    x, y = mark.get(a) or {}, mark.get(b) or {}
+    return {k: float(y.get(k, 0)) - float(x.get(k, 0)) for k in ("utime", "stime", "minflt",
+                                                                 "majflt")}
+
+
+def run_cell(ctx: Context, cell: Cell) -> RunResult:
+    exp, vm = ctx.exp, ctx.vm
+    policy = policies.make(cell.policy)
+    options = exp.options(cell.policy)
+    rundir = ctx.out / "runs" / cell.id
+    if rundir.exists():
+        shutil.rmtree(rundir)  # a partial run of an interrupted earlier attempt
+    rundir.mkdir(parents=True)
+    state = policies.RunState(rundir, options)
+    result = RunResult(
+        cell_id=cell.id, workload=cell.workload.name,
+        program=workloads.program_for(cell.workload, cell.policy), input=cell.workload.input,
+        threads=cell.threads, policy=cell.policy, memory=cell.memory, rep=cell.rep,
+        where="vm" if vm else "host", mechanism=policy.mechanism(vm, options),
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=state.notes,
+    )
+    try:
+        _execute(ctx, cell, policy, state, result)
+    except (DamonHpError, OSError) as e:
+        result.status = ERROR
+        state.notes.append(str(e))
+    return result
+
+
+def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.RunState,
+             result: RunResult) -> None:
+    vm, rundir = ctx.vm, state.rundir
+    cmd = workloads.resolve(cell.workload, cell.threads, cell.policy, rundir / "work")
+    memory_max = None
+    if cell.memory == "insufficient":
+        memory_max = insufficient_limit(ctx, cell)
+        if memory_max is None:
+            raise DamonHpError(f"no ok thp-always run with sufficient memory for "
+                               f"{group_key(cell)}: the memory limit cannot be derived")
+        result.memory_max_bytes = memory_max
+
+    with contextlib.ExitStack() as stack:
+        mode = policy.thp_mode(vm, state.options)
+        if mode:
+            policies.set_global_thp(mode)
+        cg = None
+        if vm:
+            cg = RunCgroup.create(cell.id, memory_max)
+            stack.callback(cg.remove)
+        mark = rundir / "mark.json"
+        launcher = [sys.executable, "-I", "-S", str(LAUNCHER), "--mark", str(mark),
+                    "--cwd", str(cmd.cwd)]
+        if cg:
+            launcher += ["--cgroup", str(cg.path)]
+        if cmd.stdin:
+            launcher += ["--stdin", str(cmd.stdin)]
+        # A pipe, not a FIFO: the run directory may be on 9p (VM), where FIFOs do not work.
+        hold_r, hold_w = os.pipe() if policy.needs_hold else (-1, -1)
+        if policy.needs_hold:
+            stack.callback(_close_quietly, hold_w)
+            launcher += ["--hold", str(hold_r)]
+        launcher += policy.launcher_flags(vm)
+        argv = policy.wrap([*launcher, "--", *cmd.argv], state)
+        (rundir / "command.json").write_text(json.dumps({"argv": argv, "cwd": str(cmd.cwd)}))
+        env = dict(os.environ, **policy.env(vm))
+        foreign = set(kdamond_pids().values())
+        stack.callback(stop_leftover_kdamonds, foreign, state.notes)
+        stack.callback(policy.cleanup, state)
+        with open(rundir / "stdout.txt", "wb") as out, open(rundir / "stderr.txt", "wb") as err:
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                        cwd=cmd.cwd, env=env, start_new_session=True,
+                                        pass_fds=(hold_r,) if hold_r >= 0 else ())
+            finally:
+                if hold_r >= 0:
+                    os.close(hold_r)
+        wrapped = argv[0] != sys.executable
+        stack.callback(_terminate, proc, 30.0 if wrapped else 1.0)
+
+        start_deadline = time.monotonic() + START_TIMEOUT_S
+        if policy.needs_hold:
+            held = _wait_mark(mark, proc, "pid", start_deadline)
+            policy.attach(int(held["pid"]), state)
+            os.write(hold_w, b"g")
+        info = _wait_mark(mark, proc, "t0", start_deadline)
+        pid, t0 = int(info["pid"]), float(info["t0"])
+        sampler = Sampler(pid, t0, agent_pid=proc.pid if wrapped else None,
+                          foreign_kdamonds=foreign)
+        timed_out = _watch(ctx, cell, policy, state, sampler, rundir / "stdout.txt")
+        t_end = time.monotonic()
+
+        reaped = _wait4(proc, AGENT_EXIT_TIMEOUT_S if wrapped else 10.0)
+        if reaped is None:
+            state.notes.append("the agent did not exit after the workload; terminated")
+            _terminate(proc, 10.0)
+            code, ru = proc.returncode, None
+        else:
+            code, ru = reaped
+        policy.finish(state)
+        stats = cg.stats() if cg else None
+
+    result.exit_code = code
+    result.wall_s = t_end - t0
+    summary = sampler.summary()
+    for k, v in summary.items():
+        if getattr(result, k) is None:
+            setattr(result, k, v)
+    for k, v in state.metrics.items():
+        setattr(result, k, v)
+    result.samples = sampler.samples
+    if stats is not None:
+        pre = _usage_delta(info, "joined_cgroup", "before_exec")
+        result.accounting = "cgroup"
+        result.user_s = None if stats.user_s is None else max(0.0, stats.user_s - pre["utime"])
+        result.sys_s = None if stats.sys_s is None else max(0.0, stats.sys_s - pre["stime"])
+        result.minflt = None if stats.minflt is None else max(0, stats.minflt - int(pre["minflt"]))
+        result.majflt = None if stats.majflt is None else max(0, stats.majflt - int(pre["majflt"]))
+        result.cgroup_peak_bytes = stats.peak_bytes
+        result.oom_kills = stats.oom_kills
+        if stats.swap_peak_bytes is not None:
+            result.swap_peak_bytes = max(stats.swap_peak_bytes, result.swap_peak_bytes or 0)
+    elif ru is not None and not wrapped:
+        pre = _usage_delta(info, "none", "before_exec")
+        result.accounting = "wait4"
+        result.user_s = max(0.0, ru.ru_utime - pre["utime"])
+        result.sys_s = max(0.0, ru.ru_stime - pre["stime"])
+        result.minflt = max(0, ru.ru_minflt - int(pre["minflt"]))
+        result.majflt = max(0, ru.ru_majflt - int(pre["majflt"]))
+    stdout_text = (rundir / "stdout.txt").read_text(errors="replace")
+    result.ns_per_op = workloads.figure_of_merit(stdout_text)
+    if timed_out:
+        result.status = TIMEOUT
+    elif result.oom_kills:
+        result.status = OOM
+    elif code != 0:
+        result.status = FAILED
+        tail = (rundir / "stderr.txt").read_text(errors="replace").strip().splitlines()[-3:]
+        state.notes.append(f"exit code {code}: " + " / ".join(tail))
+    else:
+        result.status = OK
+
+
+def _watch(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.RunState,
+           sampler: Sampler, stdout_path: Path) -> bool:
+    """Sample until the workload exits; True when it had to be killed at the timeout."""
+    interval = ctx.exp.sample_interval_s
+    deadline = sampler.t0 + ctx.exp.timeout_s
+    wants_truth = cell.workload.program in GROUND_TRUTH_PROGRAMS
+    try:
+        pidfd = os.pidfd_open(sampler.pid)
+    except ProcessLookupError:
+        return False  # already gone: nothing to sample
+    try:
+        while True:
+            now = time.monotonic()
+            sampler.sample(now)
+            if wants_truth and sampler.hot is None:
+                ranges = workloads.hot_ranges(stdout_path.read_text(errors="replace"))
+                if ranges:
+                    sampler.set_hot(ranges, now)
+                    sampler.sample(time.monotonic())
+                    policy.on_hot_ranges(sampler.pid, sampler.t0, ranges, state)
+            ready, _, _ = select.select([pidfd], [], [], interval)
+            if ready:
+                return False
+            if time.monotonic() > deadline:
+                state.notes.append(f"killed after the {ctx.exp.timeout_s:.0f} s timeout")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(sampler.pid, signal.SIGKILL)
+                select.select([pidfd], [], [], 10.0)
+                return True
+    finally:
+        os.close(pidfd)
+
+
+@dataclass
+class Outcome:
+    planned: int
+    ran: int
+    interrupted: bool
+    elapsed_s: float
+    errors: list[str] = field(default_factory=list)
+
+
+def run_experiment(exp: Experiment, out: Path, previous: list[Path] | None = None,
+                   stream: Any = None) -> Outcome:
+    """Run every unfinished cell of `exp`, writing results under `out`."""
+    vm = in_vm()
+    cells, _ = expand(exp)
+    check_runnable(exp, cells, vm)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = Context(exp, out, list(previous or []), vm)
+    for d in [*ctx.previous, out]:
+        p = d / "limits.json"
+        if p.exists():
+            ctx.limits.update({k: int(v) for k, v in json.loads(p.read_text()).items()})
+    todo = [c for c in cells if not is_done(ctx, c)]
+    progress = Progress(todo, len(cells) - len(todo), stream)
+    ctx.progress = progress
+    started = time.monotonic()
+    outcome = Outcome(len(cells), 0, False, 0.0)
+    if not todo:
+        progress.message(f"all {len(cells)} runs of {exp.name} are finished already")
+        return outcome
+    with sigterm_as_interrupt(), contextlib.ExitStack() as stack:
+        if vm:
+            original = procfs.thp_mode()
+            if original in ("always", "madvise", "never"):
+                stack.callback(policies.set_global_thp, original)
+            if (any(c.memory == "insufficient" for c in todo)
+                    and exp.insufficient.swap == "zram" and active_swap_bytes() == 0):
+                swap = ZramSwap.setup(exp.insufficient.swap_bytes)
+                stack.callback(swap.teardown)
+                progress.message(f"swap: zram {exp.insufficient.swap_bytes / 2**20:.0f} MiB "
+                                 "for the insufficient-memory runs")
+        try:
+            for cell in todo:
+                progress.start(cell)
+                result = run_cell(ctx, cell)
+                save_run(out, result)
+                outcome.ran += 1
+                if result.status == ERROR:
+                    outcome.errors.append(f"{cell.id}: {'; '.join(result.notes)}")
+                    progress.message(f"{cell.id}: could not run: {'; '.join(result.notes)}")
+                progress.finish(cell, result.status)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+            progress.message("interrupted: cleaning up (processes, cgroups, kdamonds); "
+                             "finished runs are kept, run the same command again to resume")
+    outcome.elapsed_s = time.monotonic() - started
+    if not outcome.interrupted:
+        progress.close()
+    return outcome

@@ -1,0 +1,416 @@
+"""Experiment files: TOML in, validated dataclasses out, and the run matrix they expand to.
+
+An experiment file names policies, workloads (program + input set, or program + explicit args),
+thread counts, memory conditions and a repetition count; `expand` turns it into the ordered list
+of cells the runner executes. Order matters twice:
+
+* interleaving: one repetition runs every policy once before the next repetition starts, and the
+  policy order rotates by one each repetition, so slow drift of the machine (and any cost of
+  coming right after a given policy) spreads over all policies instead of biasing one;
+* dependencies: the `insufficient` memory limit is a fraction of thp-always's measured peak, so in
+  every repetition the `sufficient` cells of a workload run before its `insufficient` cells.
+
+Nothing here touches the system.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from damon_hp.errors import DamonHpError, EnvironmentProblem
+
+POLICIES: dict[str, str] = {
+    "thp-never": "no huge pages (system THP mode never)",
+    "thp-always": "huge pages everywhere (system THP mode always)",
+    "thp-madvise": "huge pages only where the program asks (system THP mode madvise)",
+    "damos-ethp": "DAMON's example 'ethp' DAMOS scheme through damo (system THP madvise)",
+    "damon-hp": "damon-hp run with its defaults",
+    "damon-hp-compact": "the program's -compact variant (small hot arrays in one huge page) "
+    "under damon-hp",
+    "oracle": "collapse exactly the hot ranges the benchmark prints (upper bound)",
+}
+BASELINE = "thp-never"
+ALWAYS = "thp-always"
+MEMORY_CONDITIONS = ("sufficient", "insufficient")
+WHERE = ("vm", "host")
+
+# Programs that print their hot ranges as JSON (the oracle needs ground truth).
+GROUND_TRUTH_PROGRAMS = frozenset({"hotcold"})
+# Programs with a -compact variant (the thesis's second scheme).
+COMPACT_VARIANTS = {"streamcluster": "streamcluster-compact"}
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+class SpecError(DamonHpError):
+    """The experiment file is wrong; the message says where and how to fix it."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One program configuration; `threads` expands into one cell per count."""
+
+    program: str
+    input: str | None = None
+    args: tuple[str, ...] | None = None
+    threads: tuple[int, ...] = (1,)
+    label: str = ""
+    # Optional narrowing of the experiment-wide lists for this workload only.
+    policies: tuple[str, ...] | None = None
+    memory: tuple[str, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        return f"{self.program}-{self.input}" if self.input else self.program
+
+
+@dataclass(frozen=True)
+class Insufficient:
+    """How the `insufficient` memory condition is made."""
+
+    fraction_of_always_peak: float = 0.6
+    swap: str = "zram"  # zram | none
+    swap_bytes: int = 1 << 30
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """Per-policy knobs: the system THP mode it runs under and extra agent arguments."""
+
+    thp: str | None = None
+    agent_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    where: str
+    repetitions: int
+    policies: tuple[str, ...]
+    memory: tuple[str, ...]
+    workloads: tuple[Workload, ...]
+    insufficient: Insufficient = field(default_factory=Insufficient)
+    sample_interval_s: float = 0.5
+    timeout_s: float = 600.0
+    expected_duration: str = ""
+    policy_options: dict[str, PolicyOptions] = field(default_factory=dict)
+    source: str = ""
+
+    def options(self, policy: str) -> PolicyOptions:
+        return self.policy_options.get(policy, PolicyOptions())
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run: the unit of resumption (one result file per cell)."""
+
+    workload: Workload
+    threads: int
+    policy: str
+    memory: str
+    rep: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.workload.name}_t{self.threads}_{self.policy}_{self.memory}_r{self.rep}"
+
+    @property
+    def group(self) -> tuple[str, int, str]:
+        """Cells that are compared with each other: same workload, threads and memory."""
+        return (self.workload.name, self.threads, self.memory)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A combination the matrix leaves out, and why (shown in the report)."""
+
+    workload: str
+    policy: str
+    reason: str
+
+
+def _fail(where: str, what: str) -> SpecError:
+    return SpecError(f"experiment file: {where}: {what}")
+
+
+def _str_list(value: Any, where: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise _fail(where, f"expected a non-empty list of strings, got {value!r}")
+    if allowed is not None:
+        for v in value:
+            if v not in allowed:
+                raise _fail(where, f"unknown value {v!r}; choose from {', '.join(allowed)}")
+    if len(set(value)) != len(value):
+        raise _fail(where, f"duplicate entries in {value!r}")
+    return tuple(value)
+
+
+def parse_size(text: str | int) -> int:
+    """'512M', '2G', '4096' -> bytes (1024-based suffixes, as the workloads parse them)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise ValueError(f"size must be > 0, got {text}")
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 512M, 2G)")
+    shift = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]
+    value = int(float(m.group(1)) * (1 << shift))
+    if value <= 0:
+        raise ValueError(f"size must be > 0, got {text!r}")
+    return value
+
+
+def _workload(raw: Any, i: int) -> Workload:
+    where = f"[[workloads]] #{i + 1}"
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be a table")
+    known = {"program", "input", "args", "threads", "label", "policies", "memory"}
+    extra = set(raw) - known
+    if extra:
+        raise _fail(where, f"unknown keys {sorted(extra)}; known: {sorted(known)}")
+    program = raw.get("program")
+    if not isinstance(program, str) or not _NAME_RE.match(program):
+        raise _fail(where, f"'program' must be a program name in workloads/bin, got {program!r}")
+    inp = raw.get("input")
+    args = raw.get("args")
+    if (inp is None) == (args is None):
+        raise _fail(
+            where,
+            f"{program}: give exactly one of 'input' (a PARSEC input set such as 'simsmall') "
+            "or 'args' (the program's arguments; '{threads}' is replaced by the thread count)",
+        )
+    if inp is not None and (not isinstance(inp, str) or not _NAME_RE.match(inp)):
+        raise _fail(where, f"'input' must be an input-set name, got {inp!r}")
+    if args is not None:
+        if not isinstance(args, list) or not all(isinstance(a, str | int | float) for a in args):
+            raise _fail(where, f"'args' must be a list of strings, got {args!r}")
+        args = tuple(str(a) for a in args)
+    threads = raw.get("threads", [1])
+    if isinstance(threads, int):
+        threads = [threads]
+    if (
+        not isinstance(threads, list)
+        or not threads
+        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in threads)
+        or len(set(threads)) != len(threads)
+    ):
+        raise _fail(where, f"'threads' must be a list of distinct integers >= 1, got {threads!r}")
+    label = raw.get("label", "")
+    if label and (not isinstance(label, str) or not _NAME_RE.match(label)):
+        raise _fail(where, f"'label' must be a simple name (letters, digits, -_.+), got {label!r}")
+    policies = raw.get("policies")
+    memory = raw.get("memory")
+    return Workload(
+        program=program,
+        input=inp,
+        args=args,
+        threads=tuple(threads),
+        label=label,
+        policies=_str_list(policies, f"{where}.policies", tuple(POLICIES)) if policies else None,
+        memory=_str_list(memory, f"{where}.memory", MEMORY_CONDITIONS) if memory else None,
+    )
+
+
+def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
+    """Validate a decoded TOML document. Every error names the key and what is allowed."""
+    known = {"experiment", "workloads", "insufficient", "policy"}
+    extra = set(data) - known
+    if extra:
+        raise _fail("top level", f"unknown tables {sorted(extra)}; known: {sorted(known)}")
+    exp = data.get("experiment")
+    if not isinstance(exp, dict):
+        raise _fail("[experiment]", "missing; it holds name, policies, memory, repetitions")
+    known_exp = {
+        "name", "description", "where", "repetitions", "policies", "memory",
+        "sample_interval_s", "timeout_s", "expected_duration",
+    }  # fmt: skip
+    extra = set(exp) - known_exp
+    if extra:
+        raise _fail("[experiment]", f"unknown keys {sorted(extra)}; known: {sorted(known_exp)}")
+    name = exp.get("name")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise _fail("[experiment].name", f"must be a simple name, got {name!r}")
+    where = exp.get("where", "vm")
+    if where not in WHERE:
+        raise _fail("[experiment].where", f"must be one of {WHERE}, got {where!r}")
+    reps = exp.get("repetitions", 3)
+    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
+        raise _fail("[experiment].repetitions", f"must be an integer >= 1, got {reps!r}")
+    policies = _str_list(exp.get("policies"), "[experiment].policies", tuple(POLICIES))
+    if BASELINE not in policies:
+        raise _fail(
+            "[experiment].policies",
+            f"must include {BASELINE!r}: every ratio is normalised to it",
+        )
+    memory = _str_list(exp.get("memory", ["sufficient"]), "[experiment].memory",
+                       MEMORY_CONDITIONS)
+    if "insufficient" in memory and "sufficient" not in memory:
+        raise _fail("[experiment].memory", "'insufficient' needs 'sufficient' too: its limit is "
+                    "a fraction of thp-always's peak measured with sufficient memory")
+    if "insufficient" in memory and ALWAYS not in policies:
+        raise _fail("[experiment].policies", "'insufficient' memory needs 'thp-always' in the "
+                    "policies: its limit is a fraction of thp-always's measured peak")
+    interval = exp.get("sample_interval_s", 0.5)
+    if not isinstance(interval, int | float) or not 0.01 <= interval <= 60:
+        raise _fail("[experiment].sample_interval_s", f"must be 0.01..60 s, got {interval!r}")
+    timeout = exp.get("timeout_s", 600)
+    if not isinstance(timeout, int | float) or timeout <= 0:
+        raise _fail("[experiment].timeout_s", f"must be > 0 seconds, got {timeout!r}")
+
+    raw_workloads = data.get("workloads")
+    if not isinstance(raw_workloads, list) or not raw_workloads:
+        raise _fail("[[workloads]]", "at least one workload table is needed")
+    workloads = tuple(_workload(w, i) for i, w in enumerate(raw_workloads))
+    names = [w.name for w in workloads]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise _fail("[[workloads]]", f"two workloads are both named {dupes}; add 'label' to one")
+
+    ins_raw = data.get("insufficient", {})
+    if not isinstance(ins_raw, dict):
+        raise _fail("[insufficient]", "must be a table")
+    extra = set(ins_raw) - {"fraction_of_always_peak", "swap", "swap_size"}
+    if extra:
+        raise _fail("[insufficient]", f"unknown keys {sorted(extra)}")
+    frac = ins_raw.get("fraction_of_always_peak", 0.6)
+    if not isinstance(frac, int | float) or not 0.05 <= frac < 1:
+        raise _fail("[insufficient].fraction_of_always_peak", f"must be 0.05..0.99, got {frac!r}")
+    swap = ins_raw.get("swap", "zram")
+    if swap not in ("zram", "none"):
+        raise _fail("[insufficient].swap", f"must be 'zram' or 'none', got {swap!r}")
+    try:
+        swap_bytes = parse_size(ins_raw.get("swap_size", "1G"))
+    except ValueError as e:
+        raise _fail("[insufficient].swap_size", str(e)) from None
+
+    pol_raw = data.get("policy", {})
+    if not isinstance(pol_raw, dict):
+        raise _fail("[policy.NAME]", "must be tables named after policies")
+    options: dict[str, PolicyOptions] = {}
+    for pname, praw in pol_raw.items():
+        where_p = f"[policy.{pname}]"
+        if pname not in POLICIES:
+            raise _fail(where_p, f"unknown policy; choose from {', '.join(POLICIES)}")
+        if not isinstance(praw, dict) or set(praw) - {"thp", "agent_args"}:
+            raise _fail(where_p, "allowed keys: thp (never|madvise|always), agent_args (list)")
+        thp = praw.get("thp")
+        if thp is not None and thp not in ("never", "madvise", "always"):
+            raise _fail(f"{where_p}.thp", f"must be never, madvise or always, got {thp!r}")
+        if thp is not None and pname in ("thp-never", "thp-always", "thp-madvise"):
+            raise _fail(f"{where_p}.thp", "the thp-* policies are defined by their THP mode")
+        agent_args = praw.get("agent_args", [])
+        if not isinstance(agent_args, list) or not all(isinstance(a, str) for a in agent_args):
+            raise _fail(f"{where_p}.agent_args", "must be a list of strings")
+        if agent_args and pname not in ("damon-hp", "damon-hp-compact"):
+            raise _fail(f"{where_p}.agent_args", "only the damon-hp policies take agent_args")
+        options[pname] = PolicyOptions(thp=thp, agent_args=tuple(agent_args))
+
+    description = exp.get("description", "")
+    expected = exp.get("expected_duration", "")
+    if not isinstance(description, str) or not isinstance(expected, str):
+        raise _fail("[experiment]", "description and expected_duration must be strings")
+    return Experiment(
+        name=name,
+        description=description,
+        where=where,
+        repetitions=reps,
+        policies=policies,
+        memory=memory,
+        workloads=workloads,
+        insufficient=Insufficient(float(frac), swap, swap_bytes),
+        sample_interval_s=float(interval),
+        timeout_s=float(timeout),
+        expected_duration=expected,
+        policy_options=options,
+        source=source,
+    )
+
+
+def load(path: str | Path) -> Experiment:
+    """Read and validate an experiment file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise EnvironmentProblem(
+            f"cannot read experiment file {p}: {e.strerror}; "
+            "the bundled ones are experiments/smoke.toml, quick.toml and thesis.toml"
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"experiment file {p}: not valid TOML: {e}") from None
+    return parse(data, source=str(p))
+
+
+def applicable(workload: Workload, policy: str) -> str | None:
+    """None when `policy` can run `workload`, else the reason it cannot."""
+    if policy == "oracle" and workload.program not in GROUND_TRUTH_PROGRAMS:
+        return (
+            f"{workload.program} does not print its hot ranges; the oracle needs a "
+            f"ground-truth benchmark ({', '.join(sorted(GROUND_TRUTH_PROGRAMS))})"
+        )
+    if policy == "damon-hp-compact" and workload.program not in COMPACT_VARIANTS:
+        return f"{workload.program} has no -compact variant"
+    return None
+
+
+def _rotate(items: tuple[str, ...], k: int) -> tuple[str, ...]:
+    if not items:
+        return items
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def expand(exp: Experiment) -> tuple[list[Cell], list[Skipped]]:
+    """The cells in run order, and the policy/workload pairs left out (with reasons)."""
+    cells: list[Cell] = []
+    skipped: dict[tuple[str, str], Skipped] = {}
+    for rep in range(exp.repetitions):
+        for w in exp.workloads:
+            policies = tuple(p for p in exp.policies if w.policies is None or p in w.policies)
+            runnable = []
+            for p in policies:
+                reason = applicable(w, p)
+                if reason:
+                    skipped[(w.name, p)] = Skipped(w.name, p, reason)
+                else:
+                    runnable.append(p)
+            memory = tuple(m for m in exp.memory if w.memory is None or m in w.memory)
+            for threads in w.threads:
+                for mem in MEMORY_CONDITIONS:  # sufficient first: it measures the limit
+                    if mem not in memory:
+                        continue
+                    for p in _rotate(tuple(runnable), rep):
+                        cells.append(Cell(w, threads, p, mem, rep))
+    return cells, list(skipped.values())
+
+
+def cell_count_estimate(cells: list[Cell], seconds_per_run: float) -> str:
+    """Human duration for `len(cells)` runs of about `seconds_per_run` each."""
+    total = len(cells) * seconds_per_run
+    return format_duration(total)
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"

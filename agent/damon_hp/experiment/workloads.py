@@ -1,0 +1,120 @@
+"""Turn an experiment's workload (program + input set, or program + args) and a thread count into
+a command: argv, working directory and stdin.
+
+PARSEC input sets go through workloads/inputsets.py (the workloads' own single place for
+(program, set, threads) -> command); explicit args are used as given, with `{threads}` replaced.
+Fixed-time benchmarks report their own figure of merit on stdout; `figure_of_merit` reads it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from damon_hp.errors import EnvironmentProblem
+from damon_hp.experiment.spec import COMPACT_VARIANTS, Workload
+
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+WORKLOADS_DIR = PROJECT_ROOT / "workloads"
+BIN_DIR = WORKLOADS_DIR / "bin"
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    cwd: Path
+    stdin: Path | None
+
+
+_MODULE_NAME = "damon_hp_workloads_inputsets"
+
+
+def _inputsets() -> ModuleType:
+    """workloads/inputsets.py, imported by path (workloads/ is not a package)."""
+    if _MODULE_NAME in sys.modules:
+        return sys.modules[_MODULE_NAME]
+    path = WORKLOADS_DIR / "inputsets.py"
+    spec = importlib.util.spec_from_file_location(_MODULE_NAME, path)
+    if spec is None or spec.loader is None or not path.exists():
+        raise EnvironmentProblem(f"{path} is missing: it maps (program, set, threads) to a "
+                                 "command; restore it from git")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[_MODULE_NAME] = mod  # its dataclasses look their module up while being built
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[_MODULE_NAME]
+        raise
+    return mod
+
+
+def program_for(workload: Workload, policy: str) -> str:
+    """The binary a policy runs: the -compact variant for damon-hp-compact."""
+    if policy == "damon-hp-compact":
+        return COMPACT_VARIANTS[workload.program]
+    return workload.program
+
+
+def resolve(workload: Workload, threads: int, policy: str, rundir: Path) -> Command:
+    """The command for one run; `rundir` is its private working directory (created here)."""
+    program = program_for(workload, policy)
+    binary = BIN_DIR / program
+    if not binary.exists():
+        raise EnvironmentProblem(
+            f"{binary} is not built; run `make workloads` (or `make setup`)"
+        )
+    rundir.mkdir(parents=True, exist_ok=True)
+    if workload.input is not None:
+        mod = _inputsets()
+        try:
+            spec = mod.command(program, workload.input, threads, rundir=rundir)
+        except ValueError as e:  # InputSetError
+            raise EnvironmentProblem(f"workload {workload.name}: {e}") from None
+        argv = list(spec.argv)
+        return Command(argv, Path(spec.cwd), Path(spec.stdin) if spec.stdin else None)
+    args = [a.replace("{threads}", str(threads)) for a in workload.args or ()]
+    return Command([str(binary), *args], rundir, None)
+
+
+def check_built(programs: set[str]) -> list[str]:
+    """Programs of `programs` that are not in workloads/bin."""
+    return sorted(p for p in programs if not (BIN_DIR / p).exists() and not shutil.which(p))
+
+
+def _json_lines(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+    return out
+
+
+def hot_ranges(stdout_text: str) -> list[tuple[int, int]] | None:
+    """The ground-truth hot ranges a benchmark printed ({"hot": {"start", "end"}}), if any."""
+    for obj in _json_lines(stdout_text):
+        hot = obj.get("hot")
+        if isinstance(hot, dict) and "start" in hot and "end" in hot:
+            return [(int(hot["start"]), int(hot["end"]))]
+    return None
+
+
+def figure_of_merit(stdout_text: str) -> float | None:
+    """ns per operation reported by a fixed-time benchmark (hotcold, phases, gups), else None."""
+    for obj in reversed(_json_lines(stdout_text)):
+        if isinstance(obj.get("ns_per_update"), int | float):
+            return float(obj["ns_per_update"])
+        rate = obj.get("ops_per_s")
+        if isinstance(rate, int | float) and rate > 0:
+            return 1e9 / float(rate)
+    return None

@@ -1,0 +1,102 @@
+"""report.md and the figures, from constructed run records."""
+
+from __future__ import annotations
+
+from damon_hp.experiment import spec
+from damon_hp.experiment.analysis import analyse
+from damon_hp.experiment.report import ReportInput, render
+from damon_hp.experiment.results import OOM, RunResult
+
+MiB = 2**20
+
+
+def exp():
+    return spec.parse({
+        "experiment": {"name": "r", "repetitions": 2,
+                       "policies": ["thp-never", "thp-always", "oracle"],
+                       "memory": ["sufficient", "insufficient"]},
+        "workloads": [{"program": "hotcold", "args": []}],
+    })
+
+
+def run(policy, rep, ns, memory="sufficient", status="ok", hwm=200 * MiB):
+    samples = [{"t": 0.0, "rss": hwm, "anon_huge": 0, "hwm": hwm},
+               {"t": 1.0, "rss": hwm, "anon_huge": 64 * MiB if policy != "thp-never" else 0,
+                "hwm": hwm}]
+    return RunResult(
+        cell_id=f"hotcold_t1_{policy}_{memory}_r{rep}", workload="hotcold", program="hotcold",
+        input=None, threads=1, policy=policy, memory=memory, rep=rep, status=status,
+        wall_s=2.0, ns_per_op=ns, peak_rss_bytes=hwm, samples=samples,
+        mechanism=f"how {policy} was applied",
+    )
+
+
+def runs():
+    # thp-always is slower than thp-never here: speedup preserved must be undefined
+    rs = [run("thp-never", r, 50.0 + r) for r in range(2)]
+    rs += [run("thp-always", r, 60.0 + r) for r in range(2)]
+    rs += [run("oracle", r, 40.0 + r) for r in range(2)]
+    rs += [run("thp-always", 0, 90.0, memory="insufficient"),
+           run("oracle", 0, 45.0, memory="insufficient"),
+           run("thp-never", 0, 55.0, memory="insufficient", status=OOM)]
+    return rs
+
+
+def report(where="vm"):
+    e = exp()
+    cells, skipped = spec.expand(e)
+    rs = runs()
+    return render(ReportInput(
+        experiment=e, environment={"where": where, "kernel": "6.12.95+deb12-amd64"},
+        analysis=analyse(rs, list(e.policies)), runs=rs, planned=len(cells),
+        command="damon-hp experiment run x.toml", skipped=skipped,
+    ))
+
+
+def test_undefined_speedup_is_explained_once_under_the_table():
+    text = report()
+    assert "undefined (1)" in text
+    assert "(1) thp-always was not faster than thp-never" in text
+    assert text.count("thp-always was not faster than thp-never") == 1
+    # with insufficient memory thp-never only OOMed: no baseline, said so in the cell
+    assert "missing runs of this policy, thp-never or thp-always" in text
+
+
+def test_vm_report_says_timings_are_emulated():
+    assert "emulated CPU" in report("vm")
+    assert "emulated CPU" not in report("host")
+
+
+def test_missing_pmu_is_stated_not_shown_as_zero():
+    text = report()
+    assert "TLB misses are n/a (not zero)" in text
+    assert "n/a (no PMU)" in text
+
+
+def test_runs_that_were_not_ok_are_listed():
+    text = report()
+    assert "hotcold_t1_thp-never_insufficient_r0 | oom" in text
+
+
+def test_report_names_how_each_policy_was_applied():
+    assert "| oracle | collapse exactly" in report()
+    assert "how oracle was applied" in report()
+
+
+def test_memory_pressure_section_compares_each_policy_with_itself():
+    text = report()
+    # thp-always: 90 / median(60, 61) ns
+    assert f"| hotcold | 1 | thp-always | {90 / 60.5:.2f} |" in text
+
+
+def test_figures_are_written_and_readable(tmp_path):
+    from damon_hp.experiment.plots import make_plots
+    from matplotlib import image
+
+    rs = runs()
+    figs = make_plots(analyse(rs), rs, tmp_path / "plots")
+    paths = [p for _, p in figs["hotcold"]]
+    assert len(paths) >= 4
+    for p in paths:
+        img = image.imread(tmp_path / p)
+        assert img.shape[0] > 100 and img.shape[1] > 100
