@@ -259,6 +259,13 @@ class PerfSession:
             session._cleanup()
             if not _pid_exists(pid):
                 raise EnvironmentProblem(f"perf cannot attach to PID {pid}: no such process")
+            if "paranoid" in message or "ermission" in message:
+                first = next((ln for ln in message.splitlines()
+                              if ln.strip() and ln.strip() != "Error:"), message)
+                raise EnvironmentProblem(
+                    f"perf is not permitted to count PID {pid}: {first.strip()} Run as root, or "
+                    "lower /proc/sys/kernel/perf_event_paranoid on a machine you own."
+                )
             raise DamonHpError(f"perf stat did not start counting PID {pid}: {message}")
         session._started = time.monotonic()
         return session

@@ -1,7 +1,7 @@
 """hpstat (bpf/) on this host's real kernel: real tracepoints, real faults, real collapses.
 
 Per-process only: children map their own memory and the test collapses it with
-process_madvise(MADV_COLLAPSE); no global THP or DAMON setting is read-modify-written.
+process_madvise(MADV_COLLAPSE); no global THP or DAMON setting is touched.
 """
 
 from __future__ import annotations
@@ -159,7 +159,6 @@ def test_json_lines_of_the_binary_add_up_and_parse(child: Child) -> None:
     summary = parse_output(lines)
     assert summary.total.page_faults_user == sum(r.page_faults_user for r in summary.intervals)
     assert summary.total.page_faults_user >= 3000
-    assert 1.4 <= summary.total.elapsed_s
 
 
 def test_without_bpf_privilege_it_says_why_and_exits_2() -> None:
