@@ -14,7 +14,7 @@ STAMPS := $(CACHE)/stamps
 # provides virtiofsd (libcap-ng-dev, libseccomp-dev: to build it; see kernel-config/README.md).
 APT_PACKAGES := qemu-system-x86 kmod busybox-static clang llvm libbpf-dev bpftool \
 	libelf-dev zlib1g-dev linux-perf build-essential pkg-config python3-venv python3-pip \
-	cpio zstd file debian-archive-keyring libcap-ng-dev libseccomp-dev
+	cpio zstd file debian-archive-keyring libcap-ng-dev libseccomp-dev time
 
 .PHONY: help setup demo test test-unit test-host test-vm lint workloads bpf kernel \
 	vm-shell vm-run clean
