@@ -531,35 +531,70 @@ class OwnedKdamond:
                     _read_int(iv / "aggr_us", self.intervals.aggr_us) or 1)
         return self.intervals.sample_us, self.intervals.aggr_us
 
+    # How often to ask again when DAMON answers a tried-regions update with nothing. Linux
+    # 6.7..6.13 end the update after two apply intervals of wall time even if the kdamond has
+    # not made a pass yet; a slow machine (our TCG VM, ~25x slower) then reads zero regions,
+    # which is never a real answer for a live vaddr target (DAMON keeps >= min_nr_regions).
+    UPDATE_ATTEMPTS = 8
+
+    def _update_tried(self, keyword: str) -> None:
+        """Ask for fresh tried regions/bytes until the snapshot scheme reports some."""
+        total = self.ctx / "schemes/0/tried_regions/total_bytes"
+        for _ in range(self.UPDATE_ATTEMPTS):
+            self._state(keyword)
+            if keyword == "update_schemes_tried_regions":
+                if _numbered_dirs(self.ctx / "schemes/0/tried_regions"):
+                    return
+            elif (_read_int(total, 0) or 0) > 0:
+                return
+        self._require_running()
+        raise DamonHpError(
+            f"damon-hp: DAMON returned no regions for pid {self.target_pid} in "
+            f"{self.UPDATE_ATTEMPTS} tries: kdamond {self.index} is too slow to finish an "
+            f"aggregation ({self.intervals.aggr_us} us) in time; use a longer --aggr-us")
+
     def snapshot(self) -> Snapshot:
-        """Every region of the target as DAMON last aggregated it (blocks about one aggr_us)."""
+        """Every region of the target as DAMON last aggregated it (blocks about one aggr_us).
+
+        Raises KdamondStopped once the kdamond has stopped (e.g. the target exited).
+        """
         sample_us, aggr_us = self._current_intervals()
-        self._state("update_schemes_tried_regions")
-        taken = time.monotonic()
-        regions = []
-        for rdir in _numbered_dirs(self.ctx / "schemes/0/tried_regions"):
+        tried = self.ctx / "schemes/0/tried_regions"
+        for _ in range(self.UPDATE_ATTEMPTS):
+            self._update_tried("update_schemes_tried_regions")
+            taken = time.monotonic()
+            regions = []
             try:
-                regions.append(Region(int(_read(rdir / "start")), int(_read(rdir / "end")),
-                                      int(_read(rdir / "nr_accesses")), int(_read(rdir / "age"))))
+                for rdir in _numbered_dirs(tried):
+                    regions.append(Region(int(_read(rdir / "start")), int(_read(rdir / "end")),
+                                          int(_read(rdir / "nr_accesses")),
+                                          int(_read(rdir / "age"))))
+                total = _read_int(tried / "total_bytes")
             except (OSError, ValueError):
-                # The kernel replaced the directory while we read it; the next snapshot
-                # will be whole. A torn snapshot is never returned.
-                self._require_running()
-                raise DamonHpError(
-                    f"damon-hp: tried_regions of kdamond {self.index} changed while reading"
-                ) from None
-        regions.sort(key=lambda r: r.start)
-        return Snapshot(taken, self.target_pid, sample_us, aggr_us, tuple(regions))
+                continue  # the kernel replaced the dirs while we read them: ask again
+            if total is not None and total != sum(r.end - r.start for r in regions):
+                continue  # torn read: a snapshot is returned whole or not at all
+            regions.sort(key=lambda r: r.start)
+            return Snapshot(taken, self.target_pid, sample_us, aggr_us, tuple(regions))
+        self._require_running()
+        raise DamonHpError(f"damon-hp: could not read a consistent snapshot of kdamond "
+                           f"{self.index} in {self.UPDATE_ATTEMPTS} tries")
 
     def tried_bytes(self, scheme: int = 0) -> int:
         """Bytes of the regions scheme `scheme` (0 = snapshot scheme) matched at its last apply.
 
         Cheaper than `snapshot()`: the kernel fills one file instead of a directory per region.
         Raises EnvironmentProblem on kernels before 6.6, which lack it.
+
+        Pitfall (Linux 6.7..6.13): the kernel stops waiting for a scheme's tried regions after
+        two of its apply intervals of wall time. A scheme added by `set_schemes` runs out of
+        phase with the aggregations, so on a slow machine (our TCG VM) a once-per-aggregation
+        scheme can read 0 here. Give such a scheme a short `apply_interval_us` (schemes with
+        address filters get one automatically) or use `scheme_stats()`.
         """
         if not (self.ctx / "schemes/0/tried_regions/total_bytes").exists():
             raise EnvironmentProblem("damon-hp: tried_regions/total_bytes needs Linux 6.6+")
-        self._state("update_schemes_tried_bytes")
+        self._update_tried("update_schemes_tried_bytes")
         return _read_int(self.ctx / f"schemes/{scheme}/tried_regions/total_bytes", 0) or 0
 
     def scheme_stats(self) -> list[SchemeStats]:
