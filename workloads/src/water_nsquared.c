@@ -108,6 +108,8 @@ struct barrier {
 	unsigned long cycle;
 };
 
+/* The shared block, field for field as B.7 lists it (IO and FX/FY/FZ locks are unused but keep
+ * the size and offsets). */
 struct global {
 	pthread_mutex_t io_lock, index_lock, intraf_vir_lock, interf_vir_lock;
 	pthread_mutex_t fx_lock, fy_lock, fz_lock, kineti_sum_lock, poteng_sum_lock;
@@ -807,7 +809,7 @@ static void kineti(long first, long end)
 	pthread_mutex_unlock(&gl->kineti_sum_lock);
 }
 
-static void poteng(long p, long first, long end)
+static void poteng(long first, long end)
 {
 	double lpota = 0.0, lpotr = 0.0, lptrf = 0.0;
 	const double rho = ROH, rho2 = ROH * ROH;
@@ -869,8 +871,6 @@ static void poteng(long p, long first, long end)
 			}
 		}
 	}
-	(void)p;
-
 	pthread_mutex_lock(&gl->poteng_sum_lock);
 	gl->pota += lpota;
 	gl->potr += lpotr;
@@ -928,7 +928,7 @@ static void *mdmain(void *arg)
 		tvir -= gl->vir;
 
 		if (step % NPRINT == 0 || (NSAVE > 0 && step % NSAVE == 0)) {
-			poteng(p, first, end);
+			poteng(first, end);
 			barrier_wait(&gl->start, NumProcs);
 
 			double pota = gl->pota * FPOT, potr = gl->potr * FPOT, potrf = gl->potrf * FPOT;
