@@ -301,7 +301,8 @@ def check_config(source: str | None, values: dict[str, str],
     summary = Check("config", OK if not out else LIMITED if all(
         c.status == LIMITED for c in out) else MISSING,
         f"{len(good)} of {len(wants)} options as damon-hp wants (from {source})"
-        + (f"; not as wanted: {', '.join(c.name.split()[1] for c in out)}" if out else ""))
+        + (f"; not as wanted: {', '.join(c.name.split()[1] for c in out)}" if out else ""),
+        "see the config lines below" if out else "")
     return [summary, *out]
 
 
