@@ -91,10 +91,11 @@ def test_memory_pressure_section_compares_each_policy_with_itself():
 
 def test_figures_are_written_and_readable(tmp_path):
     from damon_hp.experiment.plots import make_plots
-    from matplotlib import image
 
     rs = runs()
     figs = make_plots(analyse(rs), rs, tmp_path / "plots")
+    from matplotlib import image
+
     paths = [p for _, p in figs["hotcold"]]
     assert len(paths) >= 4
     for p in paths:

@@ -146,3 +146,17 @@ def test_bundled_experiment_files_are_valid(name):
     cells, _ = spec.expand(exp)
     assert cells
     assert exp.expected_duration
+
+
+def test_insufficient_memory_can_be_limited_to_some_policies():
+    d = doc()
+    d["experiment"]["policies"] = ["thp-never", "thp-always", "oracle"]
+    d["insufficient"] = {"policies": ["thp-never", "thp-always"]}
+    cells, _ = spec.expand(spec.parse(d))
+    assert {c.policy for c in cells if c.memory == "insufficient"} == {"thp-never",
+                                                                         "thp-always"}
+    assert "oracle" in {c.policy for c in cells if c.memory == "sufficient"}
+    d["insufficient"] = {"policies": ["thp-always", "oracle"]}
+    with pytest.raises(SpecError) as e:
+        spec.parse(d)
+    assert "must include 'thp-never'" in str(e.value)

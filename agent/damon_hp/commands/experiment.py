@@ -118,7 +118,11 @@ def _run(args: argparse.Namespace) -> int:
     summary: dict = {"experiment": exp.name, "out": str(out), "planned": outcome.planned,
                      "ran_now": outcome.ran, "interrupted": outcome.interrupted,
                      "errors": outcome.errors, "elapsed_s": round(elapsed, 1)}
-    if not args.no_report:
+    if outcome.interrupted:
+        print(f"damon-hp experiment: interrupted; finished runs are kept in {out}. Run the "
+              "same command again to resume, or `damon-hp experiment report "
+              f"{shlex.quote(str(out))}` for a report of what is finished.", file=sys.stderr)
+    elif not args.no_report:
         fin = pipeline.finalize(out, elapsed_s=elapsed)
         summary.update(report=str(fin.report), runs=fin.runs, figures_error=fin.figures_error,
                        headline=_headline(fin.analysis))

@@ -6,6 +6,9 @@ matplotlib costs the figures, not the results (the caller reports that).
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -213,9 +216,38 @@ def _timeline(plt: Any, runs: list[RunResult], workload: str, path: Path, title:
     return True
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+SHARED_MPL_DIR = PROJECT_ROOT / ".cache" / "matplotlib"
+
+
+def _matplotlib_config_dir() -> None:
+    """Point matplotlib at a font cache that survives VM runs.
+
+    matplotlib builds a font list on first use, which under the VM's emulation (fresh HOME per
+    boot, files over 9p) takes a minute or more. On the host the list is kept in the project's
+    .cache/; inside the VM, where the tree is read-only, a private copy of that list is used.
+    """
+    if os.environ.get("MPLCONFIGDIR"):
+        return
+    try:
+        SHARED_MPL_DIR.mkdir(parents=True, exist_ok=True)
+        writable = os.access(SHARED_MPL_DIR, os.W_OK)
+    except OSError:
+        writable = False
+    if writable:
+        os.environ["MPLCONFIGDIR"] = str(SHARED_MPL_DIR)
+        return
+    private = Path(tempfile.gettempdir()) / "damon-hp-matplotlib"
+    private.mkdir(exist_ok=True)
+    for f in SHARED_MPL_DIR.glob("fontlist-*.json"):
+        shutil.copyfile(f, private / f.name)
+    os.environ["MPLCONFIGDIR"] = str(private)
+
+
 def make_plots(analysis: Analysis, runs: list[RunResult], outdir: Path) -> dict[str, list[
         tuple[str, str]]]:
     """Write PNGs under outdir; return {workload: [(caption, path relative to outdir.parent)]}."""
+    _matplotlib_config_dir()
     import matplotlib
 
     matplotlib.use("Agg")

@@ -28,7 +28,7 @@ from typing import Any
 
 from damon_hp import procfs
 from damon_hp.errors import DamonHpError, EnvironmentProblem
-from damon_hp.experiment.measure import HUGE, kdamond_pids
+from damon_hp.experiment.measure import DAMON_KDAMONDS, HUGE, kdamond_pids
 from damon_hp.experiment.spec import PolicyOptions
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -241,6 +241,12 @@ class DamosEthp(Policy):
         state.metrics["agent_cpu_s"] = (state.metrics.get("agent_cpu_s") or 0.0) + cpu
         if code != 0 and kdamond_pids():
             state.notes.append(f"damo stop failed: {out.strip()[-200:]}")
+            return
+        # damo leaves its stopped kdamond configured in sysfs; damon-hp (rightly) refuses to
+        # wipe a configuration it did not make, so remove ours before the next run.
+        nr = DAMON_KDAMONDS / "nr_kdamonds"
+        if in_vm() and not kdamond_pids() and nr.exists() and nr.read_text().strip() != "0":
+            nr.write_text("0")
 
 
 class DamonHp(Policy):

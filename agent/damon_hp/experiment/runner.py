@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from damon_hp import procfs
+from damon_hp import perf, procfs
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.experiment import policies, workloads
-from damon_hp.experiment.environment import in_vm
+from damon_hp.experiment.environment import in_vm, pmu_available
 from damon_hp.experiment.measure import DAMON_KDAMONDS, Sampler, kdamond_pids
 from damon_hp.experiment.memory import RunCgroup, ZramSwap, active_swap_bytes
 from damon_hp.experiment.progress import Progress
@@ -47,6 +47,7 @@ from damon_hp.experiment.results import (
 )
 from damon_hp.experiment.spec import (
     ALWAYS,
+    BASELINE,
     GROUND_TRUTH_PROGRAMS,
     Cell,
     Experiment,
@@ -90,6 +91,7 @@ class Context:
     vm: bool = False
     limits: dict[str, int] = field(default_factory=dict)
     progress: Progress | None = None
+    tlb: bool = False  # a PMU is there: count TLB misses with perf
 
     def finished(self) -> dict[str, RunResult]:
         runs: dict[str, RunResult] = {}
@@ -220,6 +222,28 @@ def stop_leftover_kdamonds(before: set[int], notes: list[str]) -> None:
                          f"stopped: {e}")
 
 
+def _start_perf(pid: int, notes: list[str]) -> perf.PerfSession | None:
+    try:
+        return perf.PerfSession.start(pid)
+    except DamonHpError as e:
+        notes.append(f"perf: {e}")
+        return None
+
+
+def _read_perf(session: perf.PerfSession, result: RunResult, notes: list[str]) -> None:
+    """TLB misses from perf; an event the PMU could not count stays None (never 0)."""
+    try:
+        counts = session.stop()
+    except DamonHpError as e:
+        notes.append(f"perf: {e}")
+        return
+    for field_name, event in (("dtlb_load_misses", "dTLB-load-misses"),
+                              ("dtlb_store_misses", "dTLB-store-misses"),
+                              ("itlb_load_misses", "iTLB-load-misses")):
+        value = counts.value(event)
+        setattr(result, field_name, None if value is None else int(value))
+
+
 def _close_quietly(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
@@ -312,6 +336,9 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
             os.write(hold_w, b"g")
         info = _wait_mark(mark, proc, "t0", start_deadline)
         pid, t0 = int(info["pid"]), float(info["t0"])
+        session = _start_perf(pid, state.notes) if ctx.tlb else None
+        if session is not None:
+            stack.callback(session.__exit__, None, None, None)
         sampler = Sampler(pid, t0, agent_pid=proc.pid if wrapped else None,
                           foreign_kdamonds=foreign)
         timed_out = _watch(ctx, cell, policy, state, sampler, rundir / "stdout.txt")
@@ -326,6 +353,8 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
             code, ru = reaped
         policy.finish(state)
         stats = cg.stats() if cg else None
+        if session is not None:
+            _read_perf(session, result, state.notes)
 
     result.exit_code = code
     result.wall_s = t_end - t0
@@ -401,6 +430,31 @@ def _watch(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.Ru
         os.close(pidfd)
 
 
+def warm_up(ctx: Context, cell: Cell) -> None:
+    """Run a workload once, unmeasured, before its first measured run: the first exec of a
+    binary (and its input files) pays for page-cache misses, which in the VM (files over 9p,
+    emulated CPU) made first runs several times slower than the rest."""
+    rundir = ctx.out / "runs" / f".warmup-{cell.workload.name}_t{cell.threads}"
+    shutil.rmtree(rundir, ignore_errors=True)
+    cmd = workloads.resolve(cell.workload, cell.threads, BASELINE, rundir)
+    stdin = open(cmd.stdin, "rb") if cmd.stdin else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd, stdin=stdin, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        if stdin is not subprocess.DEVNULL:
+            stdin.close()
+    try:
+        proc.wait(timeout=ctx.exp.timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
 @dataclass
 class Outcome:
     planned: int
@@ -417,7 +471,7 @@ def run_experiment(exp: Experiment, out: Path, previous: list[Path] | None = Non
     cells, _ = expand(exp)
     check_runnable(exp, cells, vm)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(exp, out, list(previous or []), vm)
+    ctx = Context(exp, out, list(previous or []), vm, tlb=pmu_available())
     for d in [*ctx.previous, out]:
         p = d / "limits.json"
         if p.exists():
@@ -441,8 +495,15 @@ def run_experiment(exp: Experiment, out: Path, previous: list[Path] | None = Non
                 stack.callback(swap.teardown)
                 progress.message(f"swap: zram {exp.insufficient.swap_bytes / 2**20:.0f} MiB "
                                  "for the insufficient-memory runs")
+        warmed: set[tuple[str, int]] = set()
         try:
             for cell in todo:
+                key = (cell.workload.name, cell.threads)
+                if exp.warmup and key not in warmed:
+                    progress.message(f"warm-up run of {cell.workload.name}, {cell.threads} "
+                                     "thread(s) (not measured)")
+                    warm_up(ctx, cell)
+                    warmed.add(key)
                 progress.start(cell)
                 result = run_cell(ctx, cell)
                 save_run(out, result)

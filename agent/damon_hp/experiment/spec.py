@@ -80,6 +80,8 @@ class Insufficient:
     fraction_of_always_peak: float = 0.6
     swap: str = "zram"  # zram | none
     swap_bytes: int = 1 << 30
+    # Policies that also run with insufficient memory (None: all), to keep big matrices short.
+    policies: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class Experiment:
     insufficient: Insufficient = field(default_factory=Insufficient)
     sample_interval_s: float = 0.5
     timeout_s: float = 600.0
+    warmup: bool = True
     expected_duration: str = ""
     policy_options: dict[str, PolicyOptions] = field(default_factory=dict)
     source: str = ""
@@ -235,7 +238,7 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
         raise _fail("[experiment]", "missing; it holds name, policies, memory, repetitions")
     known_exp = {
         "name", "description", "where", "repetitions", "policies", "memory",
-        "sample_interval_s", "timeout_s", "expected_duration",
+        "sample_interval_s", "timeout_s", "expected_duration", "warmup",
     }  # fmt: skip
     extra = set(exp) - known_exp
     if extra:
@@ -282,7 +285,7 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
     ins_raw = data.get("insufficient", {})
     if not isinstance(ins_raw, dict):
         raise _fail("[insufficient]", "must be a table")
-    extra = set(ins_raw) - {"fraction_of_always_peak", "swap", "swap_size"}
+    extra = set(ins_raw) - {"fraction_of_always_peak", "swap", "swap_size", "policies"}
     if extra:
         raise _fail("[insufficient]", f"unknown keys {sorted(extra)}")
     frac = ins_raw.get("fraction_of_always_peak", 0.6)
@@ -295,6 +298,13 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
         swap_bytes = parse_size(ins_raw.get("swap_size", "1G"))
     except ValueError as e:
         raise _fail("[insufficient].swap_size", str(e)) from None
+    ins_policies = None
+    if "policies" in ins_raw:
+        ins_policies = _str_list(ins_raw["policies"], "[insufficient].policies", policies)
+        for needed in (BASELINE, ALWAYS):
+            if needed not in ins_policies:
+                raise _fail("[insufficient].policies", f"must include {needed!r}: the ratios "
+                            "under memory pressure are relative to it")
 
     pol_raw = data.get("policy", {})
     if not isinstance(pol_raw, dict):
@@ -318,6 +328,9 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
             raise _fail(f"{where_p}.agent_args", "only the damon-hp policies take agent_args")
         options[pname] = PolicyOptions(thp=thp, agent_args=tuple(agent_args))
 
+    warmup = exp.get("warmup", True)
+    if not isinstance(warmup, bool):
+        raise _fail("[experiment].warmup", f"must be true or false, got {warmup!r}")
     description = exp.get("description", "")
     expected = exp.get("expected_duration", "")
     if not isinstance(description, str) or not isinstance(expected, str):
@@ -330,9 +343,10 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
         policies=policies,
         memory=memory,
         workloads=workloads,
-        insufficient=Insufficient(float(frac), swap, swap_bytes),
+        insufficient=Insufficient(float(frac), swap, swap_bytes, ins_policies),
         sample_interval_s=float(interval),
         timeout_s=float(timeout),
+        warmup=warmup,
         expected_duration=expected,
         policy_options=options,
         source=source,
@@ -394,15 +408,14 @@ def expand(exp: Experiment) -> tuple[list[Cell], list[Skipped]]:
                 for mem in MEMORY_CONDITIONS:  # sufficient first: it measures the limit
                     if mem not in memory:
                         continue
-                    for p in _rotate(tuple(runnable), rep):
+                    chosen = tuple(
+                        p for p in runnable
+                        if mem == "sufficient" or exp.insufficient.policies is None
+                        or p in exp.insufficient.policies
+                    )
+                    for p in _rotate(chosen, rep):
                         cells.append(Cell(w, threads, p, mem, rep))
     return cells, list(skipped.values())
-
-
-def cell_count_estimate(cells: list[Cell], seconds_per_run: float) -> str:
-    """Human duration for `len(cells)` runs of about `seconds_per_run` each."""
-    total = len(cells) * seconds_per_run
-    return format_duration(total)
 
 
 def format_duration(seconds: float) -> str:

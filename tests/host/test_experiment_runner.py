@@ -1,0 +1,146 @@
+"""The experiment runner on the host, with real processes and the host's own policies
+(prctl THP-disable, process_madvise collapse): what it measures, that it never touches the
+global THP mode or DAMON here, and that Ctrl-C leaves nothing behind and keeps finished runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from damon_hp.errors import EnvironmentProblem
+from damon_hp.experiment import policies
+
+DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _experiment(tmp_path: Path, workloads: str, policies_: str = '"thp-never", "oracle"',
+                reps: int = 1) -> Path:
+    p = tmp_path / "exp.toml"
+    p.write_text(f"""
+[experiment]
+name = "hosttest"
+where = "host"
+repetitions = {reps}
+policies = [{policies_}]
+sample_interval_s = 0.1
+timeout_s = 120
+warmup = false
+{workloads}
+""")
+    return p
+
+
+def _run(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([DAMON_HP, "experiment", "run", *args], capture_output=True,
+                          text=True, timeout=600, check=False, **kw)
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmd:
+            found.append(int(pid))
+    return found
+
+
+def test_never_gets_no_huge_pages_and_the_oracle_backs_exactly_the_hot_range(tmp_path):
+    thp_before = THP.read_text()
+    exp = _experiment(tmp_path, """
+[[workloads]]
+program = "hotcold"
+args = ["--hot", "16M", "--cold", "32M", "--seconds", "1.5"]
+""")
+    out = tmp_path / "out"
+    proc = _run([str(exp), "--out", str(out), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    runs = {r["policy"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    never, oracle = runs["thp-never"], runs["oracle"]
+    assert never["status"] == oracle["status"] == "ok"
+    assert never["mechanism"].startswith("prctl(PR_SET_THP_DISABLE)")
+    assert never["anon_huge_peak_bytes"] == 0
+    assert never["hot_huge_fraction_final"] == 0
+    assert oracle["hot_huge_fraction_final"] >= 0.9
+    # only the 16 MiB hot range was collapsed, not the 32 MiB cold one
+    assert oracle["anon_huge_peak_bytes"] <= 16 << 20
+    for r in (never, oracle):
+        assert r["accounting"] == "wait4"
+        assert r["minflt"] > (48 << 20) // 4096 * 0.9  # every page of both ranges touched once
+        assert r["peak_rss_bytes"] >= 48 << 20
+        assert r["ns_per_op"] > 0
+        assert r["dtlb_load_misses"] is None  # no PMU here: null, never 0
+    assert THP.read_text() == thp_before
+
+
+def test_damon_policies_refuse_to_run_on_the_host(tmp_path):
+    exp = _experiment(tmp_path, """
+[[workloads]]
+program = "hotcold"
+args = ["--seconds", "1"]
+""", policies_='"thp-never", "damos-ethp"')
+    proc = _run([str(exp), "--out", str(tmp_path / "out")])
+    assert proc.returncode == 2
+    assert "damos-ethp needs a DAMON of its own" in proc.stderr
+    assert not list((tmp_path / "out").glob("runs/*.json"))
+
+
+def test_global_thp_mode_is_never_written_outside_the_vm(monkeypatch):
+    monkeypatch.delenv("DAMON_HP_IN_VM", raising=False)
+    before = THP.read_text()
+    with pytest.raises(EnvironmentProblem, match="outside the test VM"):
+        policies.set_global_thp("never")
+    assert THP.read_text() == before
+
+
+def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path):
+    marker = "--cold 12M"  # only the long workload has it
+    exp = _experiment(tmp_path, """
+[[workloads]]
+program = "hotcold"
+label = "short"
+args = ["--hot", "4M", "--cold", "4M", "--seconds", "0.3"]
+
+[[workloads]]
+program = "hotcold"
+label = "long"
+args = ["--hot", "4M", "--cold", "12M", "--seconds", "600"]
+""")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([DAMON_HP, "experiment", "run", str(exp), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _processes_with(marker):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the long workload never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert _processes_with(marker) == []
+    finished = sorted(p.stem for p in (out / "runs").glob("*.json"))
+    assert finished == ["short_t1_oracle_sufficient_r0", "short_t1_thp-never_sufficient_r0"]
+
+    dry = _run([str(exp), "--out", str(out), "--dry-run", "--json"])
+    summary = json.loads(dry.stdout)
+    assert (summary["planned"], summary["finished"]) == (4, 2)
+    assert "done  short_t1_thp-never_sufficient_r0" not in dry.stdout  # --json: summary only
+    listing = _run([str(exp), "--out", str(out), "--dry-run"]).stdout
+    assert "done  short_t1_thp-never_sufficient_r0" in listing
+    assert "todo  long_t1_thp-never_sufficient_r0" in listing

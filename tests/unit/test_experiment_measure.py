@@ -1,0 +1,80 @@
+"""Pure pieces of the runner: sample reductions, benchmark output parsing, ETA, agent JSON."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from damon_hp.experiment import workloads
+from damon_hp.experiment.measure import (
+    first_time_at_least,
+    huge_capable_bytes,
+    peak,
+    time_weighted_mean,
+)
+from damon_hp.experiment.policies import agent_metrics
+from damon_hp.experiment.progress import eta_seconds
+
+MiB = 2**20
+
+
+def test_time_weighted_mean_holds_each_sample_until_the_next():
+    # 0 MiB for 1 s, then 10 MiB for 3 s: (0*1 + 10*3) / 4 = 7.5 MiB
+    s = [{"t": 0.0, "x": 0}, {"t": 1.0, "x": 10 * MiB}, {"t": 4.0, "x": 99 * MiB}]
+    assert time_weighted_mean(s, "x") == pytest.approx(7.5 * MiB)
+
+
+def test_time_weighted_mean_of_one_sample_or_none():
+    assert time_weighted_mean([{"t": 3.0, "x": 5}], "x") == 5
+    assert time_weighted_mean([{"t": 3.0, "x": None}], "x") is None
+    assert time_weighted_mean([], "x") is None
+
+
+def test_peak_ignores_missing_values():
+    assert peak([{"x": None}, {"x": 3}, {"x": 7}, {}], "x") == 7
+    assert peak([{"x": None}], "x") is None
+
+
+def test_first_time_a_fraction_is_reached():
+    s = [{"t": 0.5, "h": 0.0}, {"t": 1.0, "h": 0.5}, {"t": 1.5, "h": 0.95}, {"t": 2.0, "h": 1}]
+    assert first_time_at_least(s, "h", 0.9) == 1.5
+    assert first_time_at_least(s[:2], "h", 0.9) is None
+
+
+def test_only_whole_aligned_huge_pages_count_as_huge_capable():
+    two = 2 * MiB
+    assert huge_capable_bytes([(0, 4 * MiB)]) == 4 * MiB
+    # [1 MiB, 7 MiB): only [2, 6) MiB are whole aligned 2 MiB pages
+    assert huge_capable_bytes([(1 * MiB, 7 * MiB)]) == 2 * two
+    assert huge_capable_bytes([(1 * MiB, 3 * MiB)]) == 0
+
+
+def test_hot_range_is_read_from_the_benchmarks_first_json_line():
+    text = ('noise\n{"pid":12,"hot":{"start":4194304,"end":8388608},'
+            '"cold":{"start":16777216,"end":33554432}}\n{"ops":1}\n')
+    assert workloads.hot_ranges(text) == [(4194304, 8388608)]
+    assert workloads.hot_ranges('{"pid":1,"table":{"start":0,"end":4096}}\n') is None
+    assert workloads.hot_ranges('{"hot": broken\n') is None
+
+
+def test_figure_of_merit_is_ns_per_operation():
+    # hotcold/phases print ops per second: 4e7 ops/s = 25 ns per operation
+    assert workloads.figure_of_merit('{"ops":80000000,"seconds":2,"ops_per_s":4e7}\n') == \
+        pytest.approx(25.0)
+    assert workloads.figure_of_merit('{"ns_per_update":12.5,"gups":0.08}\n') == 12.5
+    assert workloads.figure_of_merit("streamcluster prints no JSON\n") is None
+    assert workloads.figure_of_merit('{"ops":0,"ops_per_s":0}\n') is None
+
+
+def test_eta_uses_the_median_of_the_same_kind_else_of_everything():
+    durations = {"a": [10.0, 30.0, 20.0], "b": [100.0]}
+    # a: median 20 -> 2 x 20; c unknown: median of all four (10, 20, 30, 100) = 25
+    assert eta_seconds(["a", "a", "c"], durations) == pytest.approx(2 * 20 + 25)
+    assert math.isnan(eta_seconds(["a"], {}))
+
+
+def test_agent_cpu_times_come_from_the_agents_json_summary():
+    data = {"version": 1, "summary": {"agent_cpu_s": 1.25, "kdamond_cpu_s": 0.5,
+                                      "wall_s": 9.0}, "timeline": []}
+    assert agent_metrics(data) == {"agent_cpu_s": 1.25, "kdamond_cpu_s": 0.5}
+    assert agent_metrics({"summary": {"agent_cpu_s": None}}) == {}
