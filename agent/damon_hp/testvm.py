@@ -91,6 +91,7 @@ class VmResult:
     run_dir: Path
     boot_seconds: float | None
     wall_seconds: float
+    vng_exit: int | None = None  # virtme-ng's own status (says nothing about the command)
     console_tail: list[str] = field(default_factory=list)
 
     @property
@@ -106,6 +107,8 @@ class VmResult:
         else:
             what = "the test VM stopped before the command finished (guest crash or kill)"
         tail = "\n".join(f"  | {line}" for line in self.console_tail)
+        if self.vng_exit is not None and not self.timed_out:
+            what += f"; vng exited with status {self.vng_exit}"
         return (
             f"{what}.\nLast {len(self.console_tail)} console lines "
             f"(full log: {self.run_dir / 'console.log'}):\n{tail}"
@@ -273,12 +276,16 @@ class _Tail(threading.Thread):
             self.stop_event.wait(0.2)
 
 
-class _Terminated(Exception):
-    pass
+class VmTerminated(DamonHpError):
+    """SIGTERM arrived while the VM ran; the VM has been stopped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"damon-hp vm: terminated by signal {signum}; the VM was stopped")
+        self.exit_code = 128 + signum
 
 
 def _raise_terminated(signum: int, _frame: object) -> None:
-    raise _Terminated(signum)
+    raise VmTerminated(signum)
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -377,6 +384,7 @@ def run_in_vm(
     return VmResult(
         exit_code=exit_code, booted=booted, finished=finished, timed_out=timed_out,
         run_dir=run_dir, boot_seconds=boot_s, wall_seconds=time.monotonic() - started,
+        vng_exit=proc.returncode,
         console_tail=[] if finished else console_tail(console_log),
     )
 
