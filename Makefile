@@ -59,7 +59,7 @@ setup: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12) $(ST
 	kernel workloads bpf
 
 demo: setup
-	@agent/demo.sh
+	@experiments/demo.sh
 
 lint: $(STAMPS)/venv
 	$(VENV)/bin/ruff check agent tests experiments
@@ -83,7 +83,7 @@ vm-shell: setup
 	@$(VENV)/bin/damon-hp vm shell $(if $(MEM),--mem $(MEM))
 
 vm-run: setup
-	@test -n "$(CMD)" || { echo "usage: make vm-run CMD='command args' [MEM=6G]" >&2; exit 2; }
+	@$(if $(strip $(CMD)),true,echo "usage: make vm-run CMD='command args' [MEM=6G]" >&2; exit 2)
 	@$(VENV)/bin/damon-hp vm run $(if $(MEM),--mem $(MEM)) -- $(CMD) || { rc=$$?; \
 		echo "vm-run: the command exited with $$rc" >&2; exit $$rc; }
 
