@@ -425,10 +425,16 @@ class Agent:
                 snap = self.kd.snapshot()
             except sysfs.KdamondStopped:
                 return "target exit" if self.target.exited(0.5) else "kdamond stopped"
-            except DamonHpError:
-                if self.kd.is_running():
-                    continue  # a torn read; the next aggregation will be whole
-                return "target exit" if self.target.exited(0.5) else "kdamond stopped"
+            except DamonHpError as e:
+                if not self.kd.is_running():
+                    return "target exit" if self.target.exited(0.5) else "kdamond stopped"
+                # A torn read; the next aggregation will be whole. Wait for it rather than
+                # spin on a kdamond that keeps refusing.
+                self.report.snapshot_errors += 1
+                if str(e) not in self.report.notes and len(self.report.notes) < 20:
+                    self.report.notes.append(f"snapshot failed (retried): {e}")
+                time.sleep(self.opts.monitor.intervals.aggr_us / 1e6)
+                continue
             try:
                 self.step(snap)
             except procfs.ProcessGone:
@@ -559,7 +565,17 @@ class Agent:
         wanted = tuple(schemes)
         if wanted == self.schemes or self.kd is None:
             return False
-        self.kd.set_schemes(wanted)
+        try:
+            self.kd.set_schemes(wanted)
+        except sysfs.KdamondStopped:
+            raise
+        except DamonHpError as e:
+            # DAMON sysfs answers EBUSY while another reader holds its lock; the marks are
+            # retried at the next snapshot, since self.schemes still differs from them.
+            self.report.scheme_errors += 1
+            if len(self.report.notes) < 20:
+                self.report.notes.append(f"DAMOS scheme update failed (retried): {e}")
+            return False
         self.schemes = wanted
         return True
 

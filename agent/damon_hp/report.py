@@ -99,6 +99,8 @@ class RunReport:
     kdamond_pid: int | None = None
     snapshots: int = 0
     empty_snapshots: int = 0
+    snapshot_errors: int = 0
+    scheme_errors: int = 0
     collapse: CollapseTally = field(default_factory=CollapseTally)
     demotions: int = 0
     demoted_bytes: int = 0
@@ -160,6 +162,8 @@ class RunReport:
             "kdamond_pid": self.kdamond_pid,
             "snapshots": self.snapshots,
             "empty_snapshots": self.empty_snapshots,
+            "snapshot_errors": self.snapshot_errors,
+            "scheme_errors": self.scheme_errors,
             "promotions": self.collapse.ok,
             "promoted_bytes": self.collapse.bytes,
             "collapse": self.collapse.to_dict(),
@@ -216,7 +220,8 @@ def format_table(r: RunReport) -> str:
     failures = ", ".join(f"{k} x{v}" for k, v in sorted(r.collapse.errors.items())) or "none"
     target = f"pid {r.target_pid}" + (f": {' '.join(r.command)}" if r.command else "")
     stopped = r.stopped_by + (f" (exit code {r.exit_code})" if r.exit_code is not None else "")
-    snaps = f"{r.snapshots}" + (f" ({r.empty_snapshots} empty)" if r.empty_snapshots else "")
+    snaps = f"{r.snapshots}" + (f", {r.empty_snapshots} empty" if r.empty_snapshots else "") + (
+        f", {r.snapshot_errors} failed reads" if r.snapshot_errors else "")
     c = r.collapse
     rows = [
         ("target", target),

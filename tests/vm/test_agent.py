@@ -1,0 +1,332 @@
+"""The agent end to end on a real DAMON (inside the test VM, system THP mode `never`).
+
+Ground truth comes from workloads/bin/hotcold, which prints its hot and cold ranges; the huge-page
+state is read back from /proc/PID/smaps, never from the agent's own report.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from damon_hp import procfs
+
+ROOT = Path(__file__).resolve().parents[2]
+DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
+HOTCOLD = str(ROOT / "workloads/bin/hotcold")
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
+DEADLINE_S = 20.0
+HOT_SHARE = 0.90
+COLD_SHARE = 0.02
+
+
+@pytest.fixture(autouse=True)
+def thp_never() -> Iterator[None]:
+    """THP `never` for the test (only ever inside the VM), restored afterwards."""
+    old = procfs.thp_mode()
+    THP_ENABLED.write_text("never")
+    yield
+    THP_ENABLED.write_text(old)
+
+
+@pytest.fixture(autouse=True)
+def no_kdamond_left() -> Iterator[None]:
+    assert running_kdamonds() == [], "a kdamond was running before the test"
+    yield
+    assert running_kdamonds() == [], "the test left a kdamond running"
+
+
+def read_sysfs(path: Path) -> str:
+    """DAMON sysfs answers EBUSY while someone else (the agent) holds its lock: retry."""
+    for _ in range(200):
+        try:
+            return path.read_text().strip()
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+            time.sleep(0.05)
+    raise TimeoutError(f"{path} stayed busy")
+
+
+def running_kdamonds() -> list[tuple[str, str]]:
+    """(index, pid) of every running kdamond, by DAMON sysfs."""
+    out = []
+    for kd in sorted(KDAMONDS.glob("[0-9]*")):
+        try:
+            if read_sysfs(kd / "state") == "on":
+                out.append((kd.name, read_sysfs(kd / "pid")))
+        except FileNotFoundError:
+            continue  # the directory went away while we looked
+    return out
+
+
+def kdamond_threads() -> list[int]:
+    """pids of kernel threads named kdamond*, by /proc (independent of sysfs)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if (d / "comm").read_text().startswith("kdamond"):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return sorted(pids)
+
+
+@dataclass
+class Ranges:
+    pid: int
+    hot: tuple[int, int]
+    cold: tuple[int, int]
+
+    @classmethod
+    def from_line(cls, line: str) -> Ranges:
+        d = json.loads(line)
+        return cls(d["pid"], (d["hot"]["start"], d["hot"]["end"]),
+                   (d["cold"]["start"], d["cold"]["end"]))
+
+    def huge_shares(self) -> tuple[float, float]:
+        """Shares of the hot and cold bytes that smaps shows as AnonHugePages."""
+        maps = procfs.read_smaps(self.pid)
+        hot = procfs.smaps_in_ranges(maps, [self.hot]).anon_huge_bytes
+        cold = procfs.smaps_in_ranges(maps, [self.cold]).anon_huge_bytes
+        return hot / (self.hot[1] - self.hot[0]), cold / (self.cold[1] - self.cold[0])
+
+
+def hotcold(hot: str = "256M", cold: str = "1G", seconds: int = 60) -> list[str]:
+    return [HOTCOLD, "--hot", hot, "--cold", cold, "--seconds", str(seconds)]
+
+
+Samples = list[tuple[float, float, float]]
+
+
+def watch_until_hot(r: Ranges, since: float) -> tuple[float | None, Samples]:
+    """Poll smaps until the hot share reaches HOT_SHARE or the deadline passes.
+
+    Returns (seconds from `since` to HOT_SHARE or None, samples of (t, hot, cold)).
+    """
+    samples = []
+    while time.monotonic() < since + DEADLINE_S:
+        hot, cold = r.huge_shares()
+        t = time.monotonic() - since
+        samples.append((round(t, 2), round(hot, 4), round(cold, 4)))
+        if hot >= HOT_SHARE:
+            return t, samples
+        time.sleep(0.5)
+    return None, samples
+
+
+def check_timeline(report_path: Path, r: Ranges, ready_at: float) -> None:
+    """The agent's JSON timeline tells the same story as smaps."""
+    d = json.loads(report_path.read_text())
+    timeline = d["timeline"]
+    assert timeline, "empty timeline"
+    hot_size = r.hot[1] - r.hot[0]
+    cold_size = r.cold[1] - r.cold[0]
+    in_time = [e for e in timeline if e["monotonic_s"] <= ready_at + DEADLINE_S]
+    assert any((e["huge_bytes"] or 0) >= HOT_SHARE * hot_size for e in in_time), (
+        "timeline never shows the hot set huge within the deadline: "
+        f"{[(e['t_s'], e['huge_bytes']) for e in timeline]}")
+    # All huge memory the agent ever made fits in the hot range plus the cold allowance.
+    assert max(e["huge_bytes"] or 0 for e in timeline) <= hot_size + COLD_SHARE * cold_size
+    s = d["summary"]
+    assert s["promotions"] >= HOT_SHARE * hot_size // (2 << 20)
+    assert s["final_anon_huge_bytes"] >= HOT_SHARE * hot_size
+    assert s["snapshots"] == len(timeline)
+    assert sum(e["actions"]["collapse"]["ok"] for e in timeline) == s["promotions"]
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> tuple[str, str]:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    return out, err
+
+
+def test_run_backs_the_hot_buffer_with_huge_pages_and_leaves_the_cold_one(tmp_path) -> None:
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen([DAMON_HP, "run", "-q", "--json", str(out), "--", *hotcold()],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        r = Ranges.from_line(proc.stdout.readline())  # hotcold's line, passed through
+        ready_at = time.monotonic()
+        took, samples = watch_until_hot(r, ready_at)
+        hot, cold = r.huge_shares()
+    finally:
+        _, err = stop(proc)
+    print(f"time to {HOT_SHARE:.0%} of the hot set huge: {took} s; samples {samples}")
+    assert took is not None, f"hot set not huge within {DEADLINE_S} s: {samples}\n{err}"
+    assert cold <= COLD_SHARE, f"{cold:.1%} of the cold bytes are huge"
+    assert max(c for _, _, c in samples) <= COLD_SHARE
+    assert proc.returncode == 0, err  # hotcold exits 0 on SIGTERM, passed through
+    assert "damon-hp summary" in err
+    check_timeline(out, r, ready_at)
+
+
+def test_attach_backs_the_hot_buffer_with_huge_pages_and_leaves_the_cold_one(tmp_path) -> None:
+    out = tmp_path / "out.json"
+    target = subprocess.Popen(hotcold(), stdout=subprocess.PIPE, text=True)
+    agent = None
+    try:
+        r = Ranges.from_line(target.stdout.readline())
+        started_at = time.monotonic()
+        agent = subprocess.Popen([DAMON_HP, "attach", "-q", "--json", str(out), str(r.pid)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        took, samples = watch_until_hot(r, started_at)
+        hot, cold = r.huge_shares()
+        _, err = stop(agent, signal.SIGINT)
+        assert target.poll() is None, "attach must leave its target running"
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+        target.kill()
+        target.wait()
+    print(f"attach: time to {HOT_SHARE:.0%} of the hot set huge: {took} s; samples {samples}")
+    assert took is not None, f"hot set not huge within {DEADLINE_S} s: {samples}\n{err}"
+    assert cold <= COLD_SHARE
+    assert agent.returncode == 0, err
+    assert "stopped by                SIGINT" in err
+    check_timeline(out, r, started_at)
+
+
+def test_run_passes_the_commands_exit_code_through() -> None:
+    r = subprocess.run([DAMON_HP, "run", "-q", "--", "sh", "-c", "exit 7"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 7, r.stderr
+    assert "exit code 7" in r.stderr
+
+
+def test_run_monitors_the_command_itself_from_its_start(tmp_path) -> None:
+    out, rec = tmp_path / "out.json", tmp_path / "rec.json"
+    r = subprocess.run([DAMON_HP, "run", "-q", "--json", str(out), "--record", str(rec), "--",
+                        *hotcold("16M", "16M", 5)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    ranges = Ranges.from_line(r.stdout.splitlines()[0])
+    assert json.loads(out.read_text())["summary"]["target_pid"] == ranges.pid
+    snaps = json.loads(rec.read_text())["snapshots"]
+    assert snaps and all(s["pid"] == ranges.pid for s in snaps)
+    last = [s for s in snaps if s["regions"]][-1]["regions"]
+    for lo, hi in (ranges.hot, ranges.cold):
+        covered = sum(max(0, min(g["end"], hi) - max(g["start"], lo)) for g in last)
+        assert covered == hi - lo, "DAMON's regions do not cover the command's buffers"
+
+
+def test_sigterm_stops_agent_and_command_and_leaves_no_kdamond(tmp_path) -> None:
+    proc = subprocess.Popen([DAMON_HP, "run", "-q", "--", *hotcold("16M", "16M", 300)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    r = Ranges.from_line(proc.stdout.readline())
+    deadline = time.monotonic() + 120
+    while not running_kdamonds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(running_kdamonds()) == 1
+    status = subprocess.run([DAMON_HP, "status", "--json"], capture_output=True, text=True,
+                            timeout=120)
+    agents = json.loads(status.stdout)["agents"]
+    assert [(a["target_pid"], a["alive"]) for a in agents] == [(r.pid, True)]
+    stop(proc, signal.SIGTERM)
+    assert not Path(f"/proc/{r.pid}").exists(), "the command outlived the agent"
+    assert running_kdamonds() == [] and kdamond_threads() == []
+    status = subprocess.run([DAMON_HP, "status", "--json"], capture_output=True, text=True,
+                            timeout=120)
+    assert json.loads(status.stdout)["agents"] == []
+
+
+def test_agent_killed_with_sigkill_is_cleaned_up_by_the_next_start(tmp_path) -> None:
+    target = subprocess.Popen(hotcold("16M", "16M", 600), stdout=subprocess.PIPE, text=True)
+    try:
+        r = Ranges.from_line(target.stdout.readline())
+        first = subprocess.Popen([DAMON_HP, "attach", "-q", str(r.pid)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not running_kdamonds() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left_behind = running_kdamonds()
+        assert len(left_behind) == 1
+        first.kill()  # SIGKILL: no cleanup can run
+        first.wait()
+        assert running_kdamonds() == left_behind, "the stale kdamond should still run"
+
+        second = subprocess.Popen([DAMON_HP, "attach", "-q", str(r.pid)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            now = running_kdamonds()
+            if now and now != left_behind:
+                break
+            time.sleep(0.2)
+        assert len(running_kdamonds()) == 1 and running_kdamonds() != left_behind
+        assert len(kdamond_threads()) == 1
+        _, err = stop(second, signal.SIGTERM)
+        assert second.returncode == 0, err
+        assert running_kdamonds() == [] and kdamond_threads() == []
+        assert target.poll() is None
+    finally:
+        target.kill()
+        target.wait()
+
+
+class ForeignKdamond:
+    """A kdamond started by raw sysfs writes, as another tool would (inside the VM only)."""
+
+    def __init__(self) -> None:
+        self.sleeper = subprocess.Popen(["sleep", "600"])
+        (KDAMONDS / "nr_kdamonds").write_text("1")
+        self.dir = KDAMONDS / "0"
+        ctx = self.dir / "contexts"
+        (ctx / "nr_contexts").write_text("1")
+        (ctx / "0/operations").write_text("vaddr")
+        (ctx / "0/monitoring_attrs/intervals/sample_us").write_text("7000")
+        (ctx / "0/targets/nr_targets").write_text("1")
+        (ctx / "0/targets/0/pid_target").write_text(str(self.sleeper.pid))
+        (self.dir / "state").write_text("on")
+
+    def snapshot(self) -> dict[str, str]:
+        """Everything about it that damon-hp must not change."""
+        ctx = self.dir / "contexts/0"
+        return {
+            "state": (self.dir / "state").read_text().strip(),
+            "pid": (self.dir / "pid").read_text().strip(),
+            "nr_kdamonds": (KDAMONDS / "nr_kdamonds").read_text().strip(),
+            "ops": (ctx / "operations").read_text().strip(),
+            "sample_us": (ctx / "monitoring_attrs/intervals/sample_us").read_text().strip(),
+            "target": (ctx / "targets/0/pid_target").read_text().strip(),
+            "nr_schemes": (ctx / "schemes/nr_schemes").read_text().strip(),
+        }
+
+    def remove(self) -> None:
+        (self.dir / "state").write_text("off")
+        deadline = time.monotonic() + 30
+        while (self.dir / "state").read_text().strip() != "off" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (KDAMONDS / "nr_kdamonds").write_text("0")
+        self.sleeper.kill()
+        self.sleeper.wait()
+
+
+def test_busy_damon_is_reported_and_the_foreign_kdamond_is_left_untouched() -> None:
+    foreign = ForeignKdamond()
+    try:
+        before = foreign.snapshot()
+        assert before["state"] == "on"
+        run = subprocess.run([DAMON_HP, "run", "--", "true"], capture_output=True, text=True,
+                             timeout=300)
+        victim = subprocess.Popen(["sleep", "60"])
+        attach = subprocess.run([DAMON_HP, "attach", str(victim.pid)], capture_output=True,
+                                text=True, timeout=300)
+        victim.kill()
+        victim.wait()
+        after = foreign.snapshot()
+    finally:
+        foreign.remove()
+    for r in (run, attach):
+        assert r.returncode == 2, r.stderr
+        assert "busy" in r.stderr and f"kdamond 0 (pid {before['pid']}" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert after == before
