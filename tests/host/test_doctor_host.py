@@ -22,11 +22,19 @@ ADMIN = Path("/sys/kernel/mm/damon/admin")
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 
 
+# Counters the kernel moves by itself (THP allocation stats, khugepaged progress): not
+# settings, so they are left out of "nothing changed".
+COUNTERS = ("/stats/", "khugepaged/full_scans", "khugepaged/pages_collapsed")
+
+
 def read_tree(root: Path) -> dict[str, str]:
+    """Every readable setting under `root` with its content."""
     out = {}
     for dirpath, _, files in os.walk(root):
         for name in files:
             p = Path(dirpath) / name
+            if any(c in str(p) for c in COUNTERS):
+                continue
             try:
                 out[str(p)] = p.read_text()
             except OSError:
