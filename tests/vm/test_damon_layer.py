@@ -34,7 +34,7 @@ from damon_hp.damon import (
     start_vaddr,
 )
 from damon_hp.damon.sysfs import kernel_version
-from damon_hp.errors import EnvironmentProblem
+from damon_hp.errors import DamonHpError, EnvironmentProblem
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = Path("/sys/kernel/mm/damon/admin")
@@ -291,3 +291,14 @@ def test_supports_action_tells_known_from_unknown_actions_without_disturbing(hot
         assert kd.supports_action("collapse") == (kernel_version() >= (7, 2))
         assert (kd.ctx / "schemes/0/action").read_text().strip() == "stat"
         assert kd.snapshot().regions
+
+
+def test_failed_start_leaves_no_kdamond_dir_and_no_record(hotcold):
+    with pytest.raises(DamonHpError, match="no_such_action"):
+        start_vaddr(hotcold.pid, INTERVALS, 10, 200, schemes=[Scheme("no_such_action")])
+    assert probe().kdamonds == ()
+    assert ownership.read_records() == {}
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with pytest.raises(EnvironmentProblem, match=f"no process with pid {dead.pid}"):
+        start_vaddr(dead.pid, INTERVALS, 10, 200)

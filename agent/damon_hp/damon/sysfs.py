@@ -741,6 +741,7 @@ def start_vaddr(pid: int, intervals: Intervals | None = None, min_nr_regions: in
     # Provisional record first: if we die between `on` and the final record, the next start
     # can still prove (by start time and target) that the kdamond is ours.
     ownership.write_record(record, run_dir)
+    turned_on = False
     try:
         _write(kd.dir / "contexts/nr_contexts", 1)
         ctx = kd.ctx
@@ -763,13 +764,21 @@ def start_vaddr(pid: int, intervals: Intervals | None = None, min_nr_regions: in
         _write(ctx / "targets/0/pid_target", pid)
         kd._write_schemes(schemes)
         _write(kd.dir / "state", "on")
+        turned_on = True
         kd.kdamond_pid = _read_int(kd.dir / "pid")
         if not kd.kdamond_pid or kd.kdamond_pid <= 0:
             raise DamonHpError(f"damon-hp: kdamond {plan.index} did not start (pid file says "
                                f"{kd.kdamond_pid})")
     except BaseException:
-        # Undo only what we made: our dir is idle (or never started) and recorded as ours.
+        # Undo only what we made (e.g. Ctrl-C right after `on`): the kdamond at our index
+        # was turned on by this very call, and nr_kdamonds has been locked since.
         try:
+            if turned_on and kd._live_pid() is not None:
+                _write(kd.dir / "state", "off")
+                for _ in range(200):
+                    if kd._live_pid() is None:
+                        break
+                    time.sleep(0.05)
             if kd._live_pid() is None:
                 _clear_idle_dir(admin, plan.index, pid)
         finally:
