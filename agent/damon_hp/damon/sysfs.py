@@ -63,8 +63,28 @@ class KdamondStopped(DamonHpError):
 # low-level file access
 
 
+# DAMON sysfs guards `state`, `pid` and the `nr_*` files with a mutex it only try-locks,
+# answering EBUSY when it is held. A running kdamond takes that mutex briefly at every
+# aggregation, and holds it for the whole of a tried-regions update, so EBUSY is usually
+# transient: retry for a while before calling it a failure.
+EBUSY_RETRY_S = 3.0
+
+
+def _retry_ebusy(op):
+    delay, waited = 0.005, 0.0
+    while True:
+        try:
+            return op()
+        except OSError as e:
+            if e.errno != errno.EBUSY or waited >= EBUSY_RETRY_S:
+                raise
+        time.sleep(delay)
+        waited += delay
+        delay = min(delay * 2, 0.1)
+
+
 def _read(path: Path) -> str:
-    return path.read_text().strip()
+    return _retry_ebusy(lambda: path.read_text().strip())
 
 
 def _read_int(path: Path, default: int | None = None) -> int | None:
@@ -85,15 +105,20 @@ def _numbered_dirs(path: Path) -> list[Path]:
 def _write(path: Path, value: object) -> None:
     """Write one sysfs file; a refusal becomes an error that says which file and value."""
     text = str(value)
-    try:
+
+    def write() -> None:
         with open(path, "w") as f:
             f.write(text)
+
+    try:
+        _retry_ebusy(write)
     except OSError as e:
         hint = ""
         if e.errno in (errno.EACCES, errno.EPERM):
             hint = " (DAMON sysfs needs root)"
         elif e.errno == errno.EBUSY:
-            hint = " (a kdamond is running; this file cannot change while it does)"
+            hint = (f" (still busy after {EBUSY_RETRY_S:g} s: a kdamond is running, or another "
+                    "DAMON sysfs command is in progress)")
         elif e.errno == errno.EROFS:
             hint = " (sysfs is mounted read-only here)"
         raise DamonHpError(
