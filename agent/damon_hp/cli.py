@@ -28,7 +28,9 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `only`, just that subcommand's module is imported (the others
+    are listed by name and help), which saves seconds of imports in the emulated test VM."""
     parser = argparse.ArgumentParser(
         prog="damon-hp",
         description="Watch a process's memory with DAMON and back only its hot ranges "
@@ -38,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text)
+            continue
         mod = importlib.import_module(f"damon_hp.commands.{module}")
         p = sub.add_parser(
             name,
@@ -51,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    args_in = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in args_in if not a.startswith("-")), None)
+    parser = build_parser(chosen if chosen in COMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "_main", None):
         parser.print_help(sys.stderr)
