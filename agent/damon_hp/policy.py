@@ -81,9 +81,11 @@ class PolicyParams:
         tenth of the maximum, which a randomly read buffer does most intervals before collapse;
         requiring age there would delay promotion by seconds for nothing. Noise is filtered by
         `promote_after_snapshots` instead. Raise it to ignore short-lived bursts.
-    promote_after_snapshots = 3
-        Three consecutive hot snapshots (0.3 s at the default 100 ms aggregation) keep one
-        noisy interval from triggering a collapse, which costs a 2 MiB copy per range.
+    promote_after_snapshots = 2
+        Two consecutive hot snapshots (0.8 s at the agent's default 400 ms aggregation): one
+        noisy interval never triggers a collapse, which costs a 2 MiB copy per range. More
+        delays every promotion while a randomly read buffer still shows only a few accesses
+        per snapshot, and misses of one of them (a zero draw) restart the count.
     demote_after_s = 30.0
         DAMON's ethp example demotes after 7 s idle; a promoted range has already paid for its
         collapse, so we wait longer before giving it up, so that phases a few seconds apart
@@ -101,7 +103,7 @@ class PolicyParams:
 
     hot_access_pct: float = 5.0
     min_hot_age_s: float = 0.0
-    promote_after_snapshots: int = 3
+    promote_after_snapshots: int = 2
     demote_after_s: float = 30.0
     max_huge_bytes: int | None = None
     max_huge_rss_pct: float | None = None

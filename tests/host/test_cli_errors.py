@@ -61,7 +61,7 @@ def test_attach_with_a_malformed_pid_exits_2(bad: str) -> None:
         (["run", "--max-huge", "lots", "--", "true"], "is not a size"),
         (["run", "--promote-after", "0", "--", "true"], "is not a positive integer"),
         (["run", "--min-regions", "2", "--", "true"], "--min-regions"),
-        (["run", "--sample-us", "200000", "--", "true"], "sample_us"),
+        (["run", "--sample-us", "500000", "--aggr-us", "400000", "--", "true"], "sample_us"),
         (["attach", "--demote-after", "-3", "1"], "not a non-negative number"),
         (["run"], "no command given"),
         (["run", "--", "/nonexistent/program"], "command not found"),

@@ -113,14 +113,16 @@ def watch_until_hot(r: Ranges, since: float) -> tuple[float | None, Samples]:
     Returns (seconds from `since` to HOT_SHARE or None, samples of (t, hot, cold)).
     """
     samples = []
-    while time.monotonic() < since + DEADLINE_S:
+    while True:
+        # smaps is read after the clock: a reading that ends past the deadline is too late.
         hot, cold = r.huge_shares()
         t = time.monotonic() - since
+        if t > DEADLINE_S:
+            return None, samples
         samples.append((round(t, 2), round(hot, 4), round(cold, 4)))
         if hot >= HOT_SHARE:
             return t, samples
         time.sleep(0.5)
-    return None, samples
 
 
 def check_timeline(report_path: Path, r: Ranges, ready_at: float) -> None:

@@ -69,12 +69,6 @@ def main(args: argparse.Namespace) -> int:
     except DamonHpError as e:
         print(e, file=sys.stderr)
         return e.exit_code
-    try:
-        agent.preflight(sys.argv[1:])
-    except DamonHpError as e:
-        target.close()
-        print(e, file=sys.stderr)
-        return e.exit_code
     return _attach(target, opts)
 
 

@@ -161,7 +161,6 @@ def main(args: argparse.Namespace) -> int:
             raise EnvironmentProblem(
                 f"damon-hp run: command not found or not executable: {argv[0]!r}"
             )
-        agent.preflight(sys.argv[1:])
     except DamonHpError as e:
         print(e, file=sys.stderr)
         return e.exit_code
