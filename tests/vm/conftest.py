@@ -140,7 +140,8 @@ class VmTier:
             run_dir = testvm.new_run_dir()
             cmd = self.inside_args(run_dir)
             print(f"\n===== vm tier: booting the test VM (mem {VM_MEMORY}, TCG, timeout "
-                  f"{VM_TIMEOUT_S:.0f} s), then inside: {' '.join(cmd[2:])}", file=out)
+                  f"{VM_TIMEOUT_S:.0f} s) to run {len(self.selected_nodeids())} vm tests inside "
+                  f"(command: {run_dir / 'guest.sh'})", file=out)
             out.flush()
             self.vm_result = testvm.run_in_vm(
                 cmd, memory=VM_MEMORY, timeout_s=VM_TIMEOUT_S, stdout=out, stderr=out,
