@@ -202,7 +202,8 @@ def vng_command(kernel: PinnedKernel, run_dir: Path, *, memory: str, cpus: int,
         # console log is our only witness of a failed boot.
         "--verbose",
     ]
-    if rust_virtiofsd() is None:
+    # DAMON_HP_VM_FORCE_9P=1: compare or work around virtio-fs problems.
+    if os.environ.get("DAMON_HP_VM_FORCE_9P") == "1" or rust_virtiofsd() is None:
         cmd.append("--force-9p")
     if exec_script is not None:
         cmd += ["--exec", f"sh {exec_script}"]
