@@ -1,16 +1,22 @@
-"""Exec wrapper between the runner (or the agent) and a workload. Runs as a plain script
-(`python -I -S launch.py ...`): standard library only, no damon_hp import, so it starts fast.
+"""The last steps before a workload's exec: standard library only, no damon_hp import.
+
+Two ways in, one behaviour:
+* as a script between an agent and the workload (`damon-hp run -- python -I -S launch.py ...`,
+  or when the runner must hold the workload until a DAMON scheme is attached):
 
     launch.py --mark FILE [--cgroup DIR] [--hold FD] [--thp-disable] [--stdin FILE]
               [--cwd DIR] -- CMD ARGS...
+
+* as `prepare(...)` in the runner's forked child (subprocess's preexec_fn), which saves one
+  Python start-up per run (seconds under the VM's emulation) when nothing sits in between.
 
 In order: join the run's cgroup (so the memory limit and the cgroup's counters cover the
 workload and nothing else), optionally disable THP for this process (prctl, inherited across
 exec: the host's per-process "never"), write our pid to FILE, optionally wait until the runner
 writes a byte to the pipe FD (so a DAMON scheme can be attached before the workload's first
-instruction; end of file instead means the runner is gone, and we exit), then
-record the start time and our own resource usage so far and exec CMD. The pid stays the same
-through exec, so whoever watches it (runner, damo, damon-hp) watches the workload.
+instruction; end of file instead means the runner is gone), then record the start time and our
+own resource usage so far. The pid stays the same through exec, so whoever watches it (runner,
+damo, damon-hp) watches the workload.
 """
 
 import json
@@ -20,6 +26,10 @@ import sys
 import time
 
 PR_SET_THP_DISABLE = 41
+
+
+class LaunchError(Exception):
+    pass
 
 
 def _usage() -> dict:
@@ -33,6 +43,32 @@ def _write_mark(path: str, data: dict) -> None:
     with open(tmp, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
+
+
+def prepare(mark: str, cgroup: str | None = None, hold_fd: int | None = None,
+            thp_disable: bool = False) -> None:
+    """Everything before exec; raises LaunchError with a message on failure."""
+    pid = os.getpid()
+    if cgroup:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+    joined = _usage()
+    if thp_disable:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+            raise LaunchError(f"prctl(PR_SET_THP_DISABLE) failed: "
+                              f"{os.strerror(ctypes.get_errno())}")
+    if hold_fd is not None:
+        _write_mark(mark, {"pid": pid, "holding": True})
+        got = os.read(hold_fd, 1)
+        os.close(hold_fd)
+        if not got:
+            raise LaunchError("the runner closed the hold pipe without releasing the workload")
+    data = {"pid": pid, "joined_cgroup": joined, "before_exec": _usage()}
+    data["t0"] = time.monotonic()
+    _write_mark(mark, data)
 
 
 def _die(msg: str) -> None:
@@ -56,33 +92,17 @@ def main(argv: list) -> None:
     cmd = argv[i + 1 :]
     if not cmd or not opts["--mark"]:
         _die("usage: launch.py --mark FILE [...] -- CMD ARGS...")
-    pid = os.getpid()
-    if opts["--cgroup"]:
-        with open(os.path.join(opts["--cgroup"], "cgroup.procs"), "w") as f:
-            f.write(str(pid))
-    joined = _usage()
-    if thp_disable:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
-            _die(f"prctl(PR_SET_THP_DISABLE) failed: {os.strerror(ctypes.get_errno())}")
     if opts["--stdin"]:
         fd = os.open(opts["--stdin"], os.O_RDONLY)
         os.dup2(fd, 0)
         os.close(fd)
     if opts["--cwd"]:
         os.chdir(opts["--cwd"])
-    if opts["--hold"]:
-        _write_mark(opts["--mark"], {"pid": pid, "holding": True})
-        fd = int(opts["--hold"])
-        got = os.read(fd, 1)
-        os.close(fd)
-        if not got:
-            _die("the runner closed the hold pipe without releasing the workload")
-    mark = {"pid": pid, "joined_cgroup": joined, "before_exec": _usage()}
-    mark["t0"] = time.monotonic()
-    _write_mark(opts["--mark"], mark)
+    try:
+        prepare(opts["--mark"], opts["--cgroup"],
+                int(opts["--hold"]) if opts["--hold"] else None, thp_disable)
+    except (LaunchError, OSError) as e:
+        _die(str(e))
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:

@@ -47,6 +47,12 @@ def _bar_with_range(ax: Any, x: float, r: Ratio | None, width: float, colour: st
                     color="#444444", capsize=2, linewidth=0.8)
 
 
+def _layout(fig: Any, top: float, bottom: float = 0.10) -> None:
+    # Fixed margins: tight_layout measures every text twice, which costs most of the drawing
+    # time, and drawing runs under the VM's emulation in the smoke test.
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=bottom, top=top, wspace=0.3)
+
+
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
@@ -74,7 +80,7 @@ def _normalised(plt: Any, groups: list[GroupSummary], path: Path, title: str) ->
         ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
     _legend(fig, policies)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.86))
+    _layout(fig, top=0.78)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -117,41 +123,47 @@ def _memory(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> Non
                     ax.errorbar(x, sp.median / mib,
                                 yerr=[[(sp.median - sp.lo) / mib], [(sp.hi - sp.median) / mib]],
                                 color="#444444", capsize=2, linewidth=0.8)
+        ax.set_xlim(-0.5, len(groups) - 0.5)
         ax.set_xticks(range(len(groups)), [f"{g.threads} thr" for g in groups])
         ax.set_title(label, fontsize=10)
     _legend(fig, policies)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.86))
+    _layout(fig, top=0.78)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def _pareto(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> None:
     """Runtime against peak RSS, one point per policy (medians, whiskers = min..max)."""
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.8), squeeze=False)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, len(groups), figsize=(max(6.5, 4.5 * len(groups)), 4.0),
+                             squeeze=False)
     for ax, g in zip(axes[0], groups, strict=True):
+        per_op = g.runtime_basis == "ns per operation"
+        scale, unit = (1e9, "ns per operation") if per_op else (1.0, "s")
         pts = []
         for p, s in g.policies.items():
             t, m = s.metrics.get("runtime_s"), s.metrics.get("peak_rss_bytes")
             if not t or not m or t.median is None or m.median is None:
                 continue
             mib = 2**20
-            ax.errorbar(m.median / mib, t.median,
+            x, y = m.median / mib, t.median * scale
+            ax.errorbar(x, y,
                         xerr=[[(m.median - m.lo) / mib], [(m.hi - m.median) / mib]],
-                        yerr=[[t.median - t.lo], [t.hi - t.median]],
+                        yerr=[[(t.median - t.lo) * scale], [(t.hi - t.median) * scale]],
                         fmt="o", color=_colour(p), capsize=2, linewidth=0.8, label=p)
-            ax.annotate(p, (m.median / mib, t.median), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-            pts.append((m.median / mib, t.median))
+            ax.annotate(p, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            pts.append((x, y))
         front = _pareto_front(pts)
         if len(front) > 1:
             ax.plot(*zip(*front, strict=True), color="#888888", linestyle=":", linewidth=1)
-        unit = "s/op" if g.runtime_basis == "ns per operation" else "s"
+        ax.xaxis.set_major_locator(MaxNLocator(5))
         ax.set_xlabel("peak RSS (MiB)")
         ax.set_ylabel(f"runtime ({unit})")
         ax.set_title(f"{g.threads} thr, {g.memory} memory", fontsize=10)
-    fig.suptitle(title + " (lower left is better; dotted: Pareto front)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.suptitle(f"{title}\nlower left is better; dotted line: Pareto front", fontsize=10)
+    _layout(fig, top=0.80, bottom=0.13)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -182,11 +194,12 @@ def _pressure(plt: Any, analysis: Analysis, workload: str, path: Path, title: st
             _bar_with_range(ax, ti + (pi - (len(policies) - 1) / 2) * width,
                             e.slowdown if e else None, width, _colour(p))
     ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
+    ax.set_xlim(-0.5, len(threads) - 0.5)
     ax.set_xticks(range(len(threads)), [f"{t} thr" for t in threads])
     ax.set_ylabel("runtime insufficient / sufficient")
     _legend(fig, policies)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.84))
+    _layout(fig, top=0.76)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -210,7 +223,7 @@ def _timeline(plt: Any, runs: list[RunResult], workload: str, path: Path, title:
     ax.set_ylabel("AnonHugePages (MiB)")
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(f"{title} ({th} thr, sufficient memory, repetition 0)", fontsize=10)
-    fig.tight_layout()
+    _layout(fig, top=0.90, bottom=0.14)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True

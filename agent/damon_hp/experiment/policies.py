@@ -88,7 +88,8 @@ class RunState:
 
 class Policy:
     name = ""
-    needs_hold = False
+    needs_hold = False  # the workload waits before exec until `attach` has run
+    wraps = False  # `wrap` puts a program (an agent) between the runner and the workload
     uses_damon = False
     vm_thp = "never"  # global THP mode inside the VM
 
@@ -192,14 +193,16 @@ class DamosEthp(Policy):
 
     def __init__(self) -> None:
         self.started = False
+        self.mine: dict[str, int] = {}
 
     def check(self, vm: bool) -> None:
         _check_damon_free(self.name)
         _tool("damo")
 
     def mechanism(self, vm: bool, options: PolicyOptions) -> str:
-        return (f"damo start with the ethp schemes on the workload's pid, system THP mode "
-                f"{self.thp_mode(vm, options)} (VM)")
+        return (f"damo start with the ethp schemes on the workload's pid (held before exec), "
+                f"system THP mode {self.thp_mode(vm, options)} (VM); its kdamond turned off "
+                "after the workload exits")
 
     def _damo(self, args: list[str]) -> tuple[int, str, float]:
         """Run damo; its exit code, output and CPU time (damo is this policy's user-space half,
@@ -217,8 +220,8 @@ class DamosEthp(Policy):
         foreign = kdamond_pids()
         if foreign:
             raise EnvironmentProblem(
-                f"kdamond(s) {sorted(foreign)} are already running; damos-ethp uses `damo stop`, "
-                "which stops every kdamond, so it refuses to run next to one it did not start"
+                f"kdamond(s) {sorted(foreign)} are already running; damos-ethp cannot tell "
+                "damo's kdamond from theirs, so it refuses to run next to one it did not start"
             )
         code, out, cpu = self._damo(["start", *ETHP_DAMO_ARGS, str(pid)])
         state.metrics["agent_cpu_s"] = cpu
@@ -226,6 +229,9 @@ class DamosEthp(Policy):
         if code != 0:
             raise DamonHpError(f"damo start failed (exit {code}): {out.strip()[-500:]}")
         self.started = True
+        self.mine = kdamond_pids()
+        if not self.mine:
+            raise DamonHpError(f"damo start exited 0 but no kdamond runs: {out.strip()[-300:]}")
 
     def finish(self, state: RunState) -> None:
         self._stop(state)
@@ -234,23 +240,33 @@ class DamosEthp(Policy):
         self._stop(state)
 
     def _stop(self, state: RunState) -> None:
+        """Turn off the kdamond damo started (what `damo stop` does, without its stopping of
+        every kdamond and without a second damo start-up), then drop its sysfs configuration:
+        damon-hp rightly refuses to wipe a configuration it did not make."""
         if not self.started:
             return
         self.started = False
-        code, out, cpu = self._damo(["stop"])
-        state.metrics["agent_cpu_s"] = (state.metrics.get("agent_cpu_s") or 0.0) + cpu
-        if code != 0 and kdamond_pids():
-            state.notes.append(f"damo stop failed: {out.strip()[-200:]}")
-            return
-        # damo leaves its stopped kdamond configured in sysfs; damon-hp (rightly) refuses to
-        # wipe a configuration it did not make, so remove ours before the next run.
+        for name in self.mine:
+            state_file = DAMON_KDAMONDS / name / "state"
+            try:
+                if state_file.read_text().strip() == "on":
+                    state_file.write_text("off")
+            except OSError as e:
+                state.notes.append(f"could not stop kdamond {name}: {e}")
+        if kdamond_pids():
+            code, out, cpu = self._damo(["stop"])
+            state.metrics["agent_cpu_s"] = (state.metrics.get("agent_cpu_s") or 0.0) + cpu
+            if kdamond_pids():
+                state.notes.append(f"damo stop failed: {out.strip()[-200:]}")
+                return
         nr = DAMON_KDAMONDS / "nr_kdamonds"
-        if in_vm() and not kdamond_pids() and nr.exists() and nr.read_text().strip() != "0":
+        if in_vm() and nr.exists() and nr.read_text().strip() != "0":
             nr.write_text("0")
 
 
 class DamonHp(Policy):
     name = "damon-hp"
+    wraps = True
     uses_damon = True
     vm_thp = "madvise"
 

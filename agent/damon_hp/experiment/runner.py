@@ -13,6 +13,7 @@ not run again, unless its status is "error" (the runner could not run it at all)
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import select
@@ -29,7 +30,7 @@ from typing import Any
 
 from damon_hp import perf, procfs
 from damon_hp.errors import DamonHpError, EnvironmentProblem
-from damon_hp.experiment import policies, workloads
+from damon_hp.experiment import launch, policies, workloads
 from damon_hp.experiment.environment import in_vm, pmu_available
 from damon_hp.experiment.measure import DAMON_KDAMONDS, Sampler, kdamond_pids
 from damon_hp.experiment.memory import RunCgroup, ZramSwap, active_swap_bytes
@@ -300,33 +301,51 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
             cg = RunCgroup.create(cell.id, memory_max)
             stack.callback(cg.remove)
         mark = rundir / "mark.json"
-        launcher = [sys.executable, "-I", "-S", str(LAUNCHER), "--mark", str(mark),
-                    "--cwd", str(cmd.cwd)]
-        if cg:
-            launcher += ["--cgroup", str(cg.path)]
-        if cmd.stdin:
-            launcher += ["--stdin", str(cmd.stdin)]
-        # A pipe, not a FIFO: the run directory may be on 9p (VM), where FIFOs do not work.
-        hold_r, hold_w = os.pipe() if policy.needs_hold else (-1, -1)
-        if policy.needs_hold:
-            stack.callback(_close_quietly, hold_w)
-            launcher += ["--hold", str(hold_r)]
-        launcher += policy.launcher_flags(vm)
-        argv = policy.wrap([*launcher, "--", *cmd.argv], state)
-        (rundir / "command.json").write_text(json.dumps({"argv": argv, "cwd": str(cmd.cwd)}))
+        flags = policy.launcher_flags(vm)
         env = dict(os.environ, **policy.env(vm))
         foreign = set(kdamond_pids().values())
         stack.callback(stop_leftover_kdamonds, foreign, state.notes)
         stack.callback(policy.cleanup, state)
-        with open(rundir / "stdout.txt", "wb") as out, open(rundir / "stderr.txt", "wb") as err:
+        # A pipe, not a FIFO: the run directory may be on 9p (VM), where FIFOs do not work.
+        hold_r, hold_w = os.pipe() if policy.needs_hold else (-1, -1)
+        if hold_w >= 0:
+            stack.callback(_close_quietly, hold_w)
+        direct = not policy.needs_hold and not policy.wraps
+        if direct:
+            # Nothing in between: the last steps run in the forked child (no launcher start-up).
+            argv = list(cmd.argv)
+            preexec = functools.partial(launch.prepare, str(mark),
+                                        str(cg.path) if cg else None, None,
+                                        "--thp-disable" in flags)
+        else:
+            launcher = [sys.executable, "-I", "-S", str(LAUNCHER), "--mark", str(mark),
+                        "--cwd", str(cmd.cwd), *flags]
+            if cg:
+                launcher += ["--cgroup", str(cg.path)]
+            if cmd.stdin:
+                launcher += ["--stdin", str(cmd.stdin)]
+            if hold_r >= 0:
+                launcher += ["--hold", str(hold_r)]
+            argv = policy.wrap([*launcher, "--", *cmd.argv], state)
+            preexec = None
+        (rundir / "command.json").write_text(json.dumps({"argv": argv, "cwd": str(cmd.cwd)}))
+        with contextlib.ExitStack() as files:
+            out = files.enter_context(open(rundir / "stdout.txt", "wb"))
+            err = files.enter_context(open(rundir / "stderr.txt", "wb"))
+            stdin: Any = subprocess.DEVNULL
+            if direct and cmd.stdin:
+                stdin = files.enter_context(open(cmd.stdin, "rb"))
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                proc = subprocess.Popen(argv, stdin=stdin, stdout=out, stderr=err,
                                         cwd=cmd.cwd, env=env, start_new_session=True,
-                                        pass_fds=(hold_r,) if hold_r >= 0 else ())
+                                        pass_fds=(hold_r,) if hold_r >= 0 else (),
+                                        preexec_fn=preexec)
+            except subprocess.SubprocessError as e:
+                raise DamonHpError(f"could not start {argv[0]}: {e}") from None
             finally:
                 if hold_r >= 0:
                     os.close(hold_r)
-        wrapped = argv[0] != sys.executable
+        wrapped = policy.wraps
         stack.callback(_terminate, proc, 30.0 if wrapped else 1.0)
 
         start_deadline = time.monotonic() + START_TIMEOUT_S
