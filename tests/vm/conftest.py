@@ -212,3 +212,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         item.runtest = lambda nodeid=item.nodeid: tier.check(nodeid)  # type: ignore[method-assign]
         # The whole VM run happens inside the first test's call.
         item.add_marker(pytest.mark.timeout(VM_TIMEOUT_S + 120))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """On the host, skip/skipif marks of vm tests are the VM's to judge, not the host's:
+    `skipif(not in_vm())` must not turn the tier into host skips."""
+    try:
+        return (yield)
+    except pytest.skip.Exception:
+        if _inside_vm() or not _is_vm_item(item):
+            raise
+        return None
