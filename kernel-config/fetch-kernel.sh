@@ -177,7 +177,7 @@ ensure_virtiofsd() {
     return
   fi
   local cargo
-  cargo=$(command -v cargo || ls "$HOME/.cargo/bin/cargo" 2>/dev/null || true)
+  cargo=$(command -v cargo || ls "${HOME:-/root}/.cargo/bin/cargo" 2>/dev/null || true)
   if [ -z "$cargo" ]; then
     echo "not in $SUITE, no cargo to build it" >"$gave_up"
     say "virtiofsd is not in $SUITE and no Rust toolchain is here; the test VM uses 9p"

@@ -5,12 +5,15 @@ Inside the VM you are root on a throwaway kernel with full DAMON (vaddr, paddr, 
 tracefs is mounted at /sys/kernel/tracing, cgroup2 at /sys/fs/cgroup, DAMON_HP_IN_VM=1 is
 set, .venv/bin is first on PATH and the working directory is the project root. The work tree
 is read-only in the guest; $DAMON_HP_VM_RUN_DIR (.cache/vm/runs/<id> on the host) is
-writable and kept after the run. Code runs ~25x slower than on the host (no KVM).
+writable and kept after the run (its stdout, stderr, exit_code, console.log). Code runs
+~25x slower than on the host (no KVM). CMD's stdin is /dev/null; its stdout and stderr are
+streamed to ours separately (their interleaving may differ from a terminal's). CMD is run as
+given, not through a shell: use `sh -c '...'` for pipes, `&&` or redirections.
 
 examples:
   damon-hp vm run -- uname -r
   damon-hp vm run --mem 6G -- damon-hp doctor
-  damon-hp vm run -- pytest -q tests/vm -k boots
+  damon-hp vm run -- sh -c 'cat /sys/kernel/mm/transparent_hugepage/enabled; damo version'
   damon-hp vm shell
 
 exit codes: `vm run` returns the command's own exit code; 1 when the VM failed to boot or
