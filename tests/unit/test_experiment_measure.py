@@ -78,3 +78,18 @@ def test_agent_cpu_times_come_from_the_agents_json_summary():
                                       "wall_s": 9.0}, "timeline": []}
     assert agent_metrics(data) == {"agent_cpu_s": 1.25, "kdamond_cpu_s": 0.5}
     assert agent_metrics({"summary": {"agent_cpu_s": None}}) == {}
+
+
+def test_agents_own_time_to_hot_set_huge_starts_at_its_first_hot_snapshot():
+    from damon_hp.experiment.policies import agent_hot_huge_s
+
+    timeline = [
+        {"t_s": 0.5, "hot_bytes": 0, "hot_huge_bytes": 0},
+        {"t_s": 1.0, "hot_bytes": 100, "hot_huge_bytes": 0},
+        {"t_s": 2.0, "hot_bytes": 100, "hot_huge_bytes": 50},
+        {"t_s": 3.5, "hot_bytes": 100, "hot_huge_bytes": 95},
+    ]
+    # first hot snapshot at 1.0 s, 95% huge at 3.5 s
+    assert agent_hot_huge_s(timeline) == pytest.approx(2.5)
+    assert agent_hot_huge_s(timeline[:3]) is None
+    assert agent_hot_huge_s(None) is None

@@ -53,6 +53,7 @@ METRICS: list[tuple[str, str, str]] = [
     ("kdamond_cpu_s", "kdamond CPU", "s"),
     ("time_to_hot_huge_s", "time to hot set huge", "s"),
     ("hot_huge_fraction_final", "hot set huge at end", ""),
+    ("agent_hot_huge_s", "time to agent's hot set huge", "s"),
     ("oom_kills", "OOM kills", ""),
 ]
 # Metrics normalised to thp-never (lower is better for all of them).

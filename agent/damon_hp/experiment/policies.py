@@ -177,12 +177,24 @@ class ThpMadvise(Policy):
                 else "the host's own THP mode madvise (host; untouched)")
 
 
-def _check_damon_free(policy: str) -> None:
-    if not in_vm():
-        raise EnvironmentProblem(
-            f"{policy} needs a DAMON of its own; on the host DAMON is taken by a kdamond that "
-            'is not ours. Run the experiment in the test VM (where = "vm")'
-        )
+def _check_damon_free(policy: str, host_ok: bool) -> None:
+    """In the VM DAMON is ours. On the host a policy that allows it runs only when DAMON could
+    start a vaddr kdamond now (what `damon-hp doctor` checks); read-only."""
+    if in_vm():
+        return
+    reason = "it runs only in the test VM"
+    if host_ok:
+        from damon_hp import damon
+
+        try:
+            damon.plan_start(damon.probe())
+            return
+        except EnvironmentProblem as e:
+            reason = str(e)
+    raise EnvironmentProblem(
+        f"{policy} needs a DAMON of its own, and not here: {reason}. Run the experiment in the "
+        'test VM (where = "vm")'
+    )
 
 
 class DamosEthp(Policy):
@@ -196,7 +208,8 @@ class DamosEthp(Policy):
         self.mine: dict[str, int] = {}
 
     def check(self, vm: bool) -> None:
-        _check_damon_free(self.name)
+        # VM only: `damo` leaves its configuration in sysfs, which only the VM may clean up.
+        _check_damon_free(self.name, host_ok=False)
         _tool("damo")
 
     def mechanism(self, vm: bool, options: PolicyOptions) -> str:
@@ -271,11 +284,13 @@ class DamonHp(Policy):
     vm_thp = "madvise"
 
     def check(self, vm: bool) -> None:
-        _check_damon_free(self.name)
+        _check_damon_free(self.name, host_ok=True)
         _tool("damon-hp")
 
     def mechanism(self, vm: bool, options: PolicyOptions) -> str:
         extra = f" {' '.join(options.agent_args)}" if options.agent_args else " (defaults)"
+        if not vm:
+            return f"damon-hp run{extra}, the host's own THP mode {procfs.thp_mode()} (untouched)"
         return f"damon-hp run{extra}, system THP mode {self.thp_mode(vm, options)} (VM)"
 
     def wrap(self, argv: list[str], state: RunState) -> list[str]:
@@ -316,7 +331,30 @@ def agent_metrics(data: dict[str, Any]) -> dict[str, Any]:
         out["agent_cpu_s"] = agent
     if kdamond is not None:
         out["kdamond_cpu_s"] = kdamond
+    covered = agent_hot_huge_s(data.get("timeline") if isinstance(data, dict) else None)
+    if covered is not None:
+        out["agent_hot_huge_s"] = covered
     return out
+
+
+def agent_hot_huge_s(timeline: Any, threshold: float = 0.9) -> float | None:
+    """Seconds from the first snapshot in which the agent saw a hot set until >= 90% of the
+    hot set it saw was mapped by huge pages (the agent's own view, for workloads without
+    ground truth)."""
+    if not isinstance(timeline, list):
+        return None
+    first = None
+    for e in timeline:
+        if not isinstance(e, dict):
+            continue
+        hot, huge, t = e.get("hot_bytes"), e.get("hot_huge_bytes"), e.get("t_s")
+        if not isinstance(hot, int | float) or not isinstance(t, int | float) or hot <= 0:
+            continue
+        if first is None:
+            first = float(t)
+        if isinstance(huge, int | float) and huge >= threshold * hot:
+            return float(t) - first
+    return None
 
 
 class DamonHpCompact(DamonHp):

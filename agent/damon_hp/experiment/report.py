@@ -260,7 +260,9 @@ def render(inp: ReportInput) -> str:
         "- time to hot set huge: seconds from the start of the benchmark's hot phase (it prints "
         "its hot range after touching all its memory) until at least 90% of that range was "
         "backed by huge pages, read exactly from the page tables (PAGEMAP_SCAN) at each "
-        "sample; only for benchmarks that print their hot range.",
+        "sample; only for benchmarks that print their hot range. \"time to agent's hot set "
+        "huge\" is damon-hp's own view from its timeline: from its first snapshot with a hot "
+        "set until 90% of the hot set it saw was huge.",
     ]
     if inp.limits:
         lines += ["", "Insufficient-memory limits (memory.max, "

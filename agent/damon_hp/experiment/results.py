@@ -71,6 +71,8 @@ class RunResult:
     # ground truth: how fast and how fully the hot set became huge-page backed
     time_to_hot_huge_s: float | None = None
     hot_huge_fraction_final: float | None = None
+    # the agent's own view (damon-hp): first hot snapshot -> 90% of its hot set huge
+    agent_hot_huge_s: float | None = None
     accounting: str = ""  # where user/sys/faults came from: "cgroup" or "wait4"
     notes: list[str] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
