@@ -48,6 +48,8 @@ class Mapping:
     inode: int
     path: str
     counters: dict[str, int] = field(default_factory=dict, compare=False)
+    vm_flags: list[str] = field(default_factory=list, compare=False)
+    """smaps VmFlags (hg = MADV_HUGEPAGE, nh = MADV_NOHUGEPAGE); empty from read_maps"""
 
     @property
     def size(self) -> int:
@@ -112,6 +114,8 @@ def parse_smaps(text: str) -> list[Mapping]:
         head = line.split(None, 1)[0] if line else ""
         if "-" in head and ":" not in head:
             maps.append(_parse_map_line(line))
+        elif maps and line.startswith("VmFlags:"):
+            maps[-1].vm_flags.extend(line.split()[1:])
         elif maps:
             parsed = _parse_counter(line)
             if parsed:

@@ -32,6 +32,7 @@ def test_smaps_shows_the_populated_buffer_as_resident_and_not_huge(child) -> Non
     assert mem.anon_huge_bytes == 0
     vma = next(m for m in maps if m.start <= child["start"] < m.end)
     assert vma.anonymous_private
+    assert "rd" in vma.vm_flags and "wr" in vma.vm_flags and "nh" not in vma.vm_flags
     assert vma.counter("Anonymous") >= child["end"] - child["start"]
 
 
@@ -123,3 +124,15 @@ def test_process_files_raise_process_gone_once_the_process_exits() -> None:
             files.maps()
     finally:
         files.close()
+
+
+def test_smaps_shows_the_nohugepage_flag_the_process_set_itself() -> None:
+    proc = subprocess.Popen([sys.executable, str(CHILD), "4", "nohuge"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(proc.stdout.readline())
+        vma = next(m for m in procfs.read_smaps(info["pid"]) if m.start <= info["start"] < m.end)
+        assert "nh" in vma.vm_flags
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)

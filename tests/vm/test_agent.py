@@ -30,7 +30,8 @@ COLD_SHARE = 0.02
 
 @pytest.fixture(autouse=True)
 def thp_never() -> Iterator[None]:
-    """THP `never` for the test (only ever inside the VM), restored afterwards."""
+    """THP `never` for the test, restored afterwards (a test may switch to another mode; the
+    original is restored all the same). Only ever inside the VM: never the host's setting."""
     old = procfs.thp_mode()
     THP_ENABLED.write_text("never")
     yield
@@ -332,3 +333,80 @@ def test_busy_damon_is_reported_and_the_foreign_kdamond_is_left_untouched() -> N
         assert "busy" in r.stderr and f"kdamond 0 (pid {before['pid']}" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
     assert after == before
+
+
+def flag_share(pid: int, lo: int, hi: int, flag: str) -> float:
+    """Share of [lo, hi) in VMAs carrying VmFlag `flag` (madvise splits VMAs at its edges)."""
+    inside = sum(max(0, min(m.end, hi) - max(m.start, lo))
+                 for m in procfs.read_smaps(pid) if flag in m.vm_flags)
+    return inside / (hi - lo)
+
+
+def digest(report_path: Path, rng: tuple[int, int]) -> str:
+    """The agent's timeline and its actions on `rng`, for failure messages."""
+    if not report_path.exists():
+        return "(no JSON report)"
+    d = json.loads(report_path.read_text())
+    lines = [f"{e['monotonic_s']:.1f} hot={e['hot_bytes'] >> 20}M "
+             f"huge={(e['huge_bytes'] or 0) >> 20}M {e['actions']}" for e in d["timeline"]]
+    lines += [f"{a['t_s']} {a['action']} {a['start']:#x} {a['error']}" for a in d["actions"]
+              if rng[0] <= a["start"] < rng[1]]
+    return "\n".join(lines)
+
+
+def huge_share(pid: int, lo: int, hi: int) -> float:
+    return procfs.huge_bytes_in(pid, [(lo, hi)]) / (hi - lo)
+
+
+def test_under_thp_madvise_promoted_memory_is_marked_hugepage_and_cold_memory_nohugepage(
+    tmp_path,
+) -> None:
+    # 256 MiB regions: in the emulated VM a buffer small enough to fit QEMU's software TLB is
+    # read without page walks, so its accessed bits stay clear and DAMON sees it idle.
+    THP_ENABLED.write_text("madvise")  # thp_never restores the original mode afterwards
+    out = tmp_path / "out.json"
+    phase_s = 40
+    log = tmp_path / "agent.log"
+    proc = subprocess.Popen(
+        [DAMON_HP, "run", "--progress-s", "5", "--json", str(out), "--demote-after", "4", "--",
+         str(ROOT / "workloads/bin/phases"), "--regions", "2", "--region-size", "256M",
+         "--phase-seconds", str(phase_s), "--phases", "2"],
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+    try:
+        layout = json.loads(proc.stdout.readline())
+        pid = layout["pid"]
+        first, second = ((r["start"], r["end"]) for r in layout["regions"])
+        phase0 = json.loads(proc.stdout.readline())
+        assert phase0["region"] == 0
+        # Phase 0: the region read at random is collapsed and marked MADV_HUGEPAGE by DAMOS.
+        deadline = time.monotonic() + phase_s
+        marked = False
+        while time.monotonic() < deadline and not marked:
+            marked = (huge_share(pid, *first) >= 0.9
+                      and flag_share(pid, *first, "hg") >= 0.9)
+            time.sleep(0.5)
+        if not marked:
+            state = (f"{huge_share(pid, *first):.0%} huge, "
+                     f"{flag_share(pid, *first, 'hg'):.0%} VM_HUGEPAGE")
+            stop(proc)
+            pytest.fail(f"region 0 not huge and VM_HUGEPAGE in its phase: {state}\n"
+                        f"{digest(out, first)}")
+        phase1 = json.loads(proc.stdout.readline())
+        assert phase1["region"] == 1
+        # Phase 1: region 1 is promoted; region 0 goes cold and after --demote-after it is
+        # marked MADV_NOHUGEPAGE instead.
+        deadline = time.monotonic() + phase_s
+        demoted = second_huge = False
+        while time.monotonic() < deadline and not (demoted and second_huge):
+            demoted = (flag_share(pid, *first, "nh") >= 0.9
+                       and flag_share(pid, *first, "hg") <= 0.1)
+            second_huge = huge_share(pid, *second) >= 0.9
+            time.sleep(0.5)
+    finally:
+        stop(proc)
+    err = log.read_text()
+    assert demoted, f"region 0 not VM_NOHUGEPAGE after going cold\n{digest(out, first)}\n{err}"
+    assert second_huge, f"region 1 not huge in its hot phase\n{digest(out, second)}\n{err}"
+    d = json.loads(out.read_text())
+    assert d["summary"]["thp_mode"] == "madvise"
+    assert d["summary"]["demotions"] >= 1
