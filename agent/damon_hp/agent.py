@@ -83,6 +83,8 @@ class AgentOptions:
     quiet: bool = False
     progress_every_s: float = 10.0
     dry_run: bool = False
+    perf: bool = False
+    trace: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         m = self.monitor
@@ -199,6 +201,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      help="write the summary and a per-snapshot timeline as JSON to FILE")
     out.add_argument("--record", dest="record_path", metavar="FILE",
                      help="save every DAMON snapshot to FILE (a fixture for tests/unit)")
+    out.add_argument("--perf", action="store_true",
+                     help="count the target's TLB misses, faults, cycles with perf stat "
+                     "(n/a where there is no PMU)")
+    out.add_argument("--trace", action="store_true",
+                     help="count huge-page, fault, compaction and TLB-flush events of the "
+                     "target with the hpstat BPF tool (make bpf)")
     out.add_argument("--dry-run", action="store_true",
                      help="monitor and decide, but change nothing in the target (with --json, "
                      "the timeline shows what would have been promoted)")
@@ -236,6 +244,8 @@ def options_from_args(args: argparse.Namespace) -> AgentOptions:
         quiet=args.quiet,
         progress_every_s=args.progress_s,
         dry_run=args.dry_run,
+        perf=getattr(args, "perf", False),
+        trace=getattr(args, "trace", False),
     )
 
 
@@ -358,6 +368,8 @@ class Agent:
         self.report = rep
         self.stop = stop
         self.kd: sysfs.OwnedKdamond | None = None
+        self.perf: Any = None  # perf.PerfSession while --perf counts
+        self.hpstat: Any = None  # hpstat.HpStat while --trace counts
         self.state = policy.PolicyState()
         self.schemes: tuple[Scheme, ...] = ()
         self.damos_collapse = False
@@ -405,7 +417,45 @@ class Agent:
             self.first_stat = self.files.stat()
         except procfs.ProcessGone:
             pass
+        self._start_measurements()
         self._write_status()
+
+    def _start_measurements(self) -> None:
+        """--perf / --trace: extra measurements of the target; a failure to start is a note."""
+        if self.opts.perf:
+            from damon_hp import perf  # imported only when asked: perf is not the agent's job
+
+            try:
+                self.perf = perf.PerfSession.start(self.target.pid)
+            except DamonHpError as e:
+                self._warn(f"--perf not counting: {e}")
+        if self.opts.trace:
+            from damon_hp import hpstat
+
+            try:
+                self.hpstat = hpstat.HpStat.start(pid=self.target.pid)
+            except DamonHpError as e:
+                self._warn(f"--trace not counting: {e}")
+
+    def _stop_measurements(self) -> None:
+        if self.perf is not None:
+            try:
+                self.report.extra["perf"] = self.perf.stop().to_json()
+            except DamonHpError as e:
+                self._warn(f"--perf: {e}")
+            self.perf = None
+        if self.hpstat is not None:
+            try:
+                summary = self.hpstat.stop()
+                self.report.extra["trace"] = summary.total.headline()
+                self.report.extra["trace_unavailable"] = list(summary.unavailable)
+            except DamonHpError as e:
+                self._warn(f"--trace: {e}")
+            self.hpstat = None
+
+    def _warn(self, text: str) -> None:
+        print(f"damon-hp: {text}", file=sys.stderr, flush=True)
+        self.report.notes.append(text)
 
     def close(self) -> None:
         """Stop our kdamond and remove our records; safe to call more than once."""
@@ -413,6 +463,10 @@ class Agent:
             self.last_stat = self.files.stat()  # a zombie's stat is still readable
         except (procfs.ProcessGone, OSError):
             pass
+        try:
+            self._stop_measurements()
+        except Exception as e:  # never let a measurement keep our kdamond running
+            self.report.notes.append(f"stopping measurements failed: {e}")
         try:
             if self.kd is not None:
                 self._read_kdamond_cpu()
@@ -536,6 +590,16 @@ class Agent:
     # -- actions -----------------------------------------------------------------------------
 
     def _collapse(self, starts: tuple[int, ...], entry: report.TimelineEntry) -> None:
+        # Ranges the kernel already maps with a huge page (THP `always` faults, khugepaged)
+        # are adopted as promoted without a collapse call: nothing to copy, nothing to count.
+        already = self._already_huge(starts)
+        if already:
+            entry.collapse.already_huge += len(already)
+            self.report.collapse.already_huge += len(already)
+            self.state = policy.record_outcomes(
+                self.state, {s: None for s in already}, self.opts.params, time.monotonic()
+            )
+            starts = tuple(s for s in starts if s not in already)
         results = actuate.collapse(self.target, starts)
         now = time.monotonic()
         for r in results:
@@ -545,6 +609,17 @@ class Agent:
         self.state = policy.record_outcomes(
             self.state, {r.start: r.error for r in results}, self.opts.params, now
         )
+
+    def _already_huge(self, starts: tuple[int, ...]) -> set[int]:
+        spans = policy.coalesce(starts)
+        try:
+            huge = self.files.huge_regions_in([(sp.start, sp.end) for sp in spans])
+        except procfs.PagemapScanUnsupported:
+            return set()
+        return {
+            s for s in starts
+            if any(lo <= s and s + policy.HUGE_PAGE_BYTES <= hi for lo, hi in huge)
+        }
 
     def _check_damos_collapses(self, now_s: float) -> dict[int, str | None]:
         """DAMOS collapse (7.2+) is applied by the kdamond: a snapshot later, see what took.

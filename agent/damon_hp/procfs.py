@@ -288,7 +288,15 @@ def huge_bytes_in(pid: int, ranges: Iterable[tuple[int, int]]) -> int:
 
 
 def _scan_huge(fd: int, path: str, ranges: Iterable[tuple[int, int]]) -> int:
+    return sum(hi - lo for lo, hi in _scan_huge_regions(fd, path, ranges))
+
+
+def _scan_huge_regions(
+    fd: int, path: str, ranges: Iterable[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The parts of `ranges` mapped by PMD huge pages, as (start, end) pairs."""
     vec = (_PageRegion * _SCAN_BATCH)()
+    found: list[tuple[int, int]] = []
     total = 0
     for lo, hi in ranges:
         start = lo
@@ -313,11 +321,13 @@ def _scan_huge(fd: int, path: str, ranges: Iterable[tuple[int, int]]) -> int:
                 if e.errno == errno.ESRCH:
                     raise ProcessGone(f"{path}: the process has exited") from e
                 raise
-            total += sum(vec[i].end - vec[i].start for i in range(n))
+            for i in range(n):
+                found.append((vec[i].start, vec[i].end))
+                total += vec[i].end - vec[i].start
             if arg.walk_end <= start:
                 break
             start = arg.walk_end
-    return total
+    return found
 
 
 def read_cmdline(pid: int) -> list[str]:
@@ -382,6 +392,10 @@ class ProcessFiles:
 
     def huge_bytes_in(self, ranges: Iterable[tuple[int, int]]) -> int:
         return _scan_huge(self._fd("pagemap"), f"/proc/{self.pid}/pagemap", ranges)
+
+    def huge_regions_in(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The parts of `ranges` mapped by PMD huge pages."""
+        return _scan_huge_regions(self._fd("pagemap"), f"/proc/{self.pid}/pagemap", ranges)
 
     def close(self) -> None:
         for fd in self._fds.values():

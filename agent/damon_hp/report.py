@@ -24,6 +24,7 @@ class CollapseTally:
     bytes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    already_huge: int = 0  # chosen ranges found PMD-mapped already: adopted, not collapsed
 
     def add(self, ok: bool, nbytes: int, error: str | None, seconds: float) -> None:
         self.tried += 1
@@ -42,6 +43,7 @@ class CollapseTally:
             "bytes": self.bytes,
             "errors": dict(sorted(self.errors.items())),
             "seconds": round(self.seconds, 6),
+            "already_huge": self.already_huge,
         }
 
 
@@ -232,7 +234,8 @@ def format_table(r: RunReport) -> str:
         ("agent CPU time", fmt_seconds(r.agent_cpu_s)),
         ("kdamond CPU time", fmt_seconds(r.kdamond_cpu_s)),
         ("snapshots", snaps),
-        ("promotions", f"{c.ok} ({fmt_bytes(c.bytes)}) in {fmt_seconds(c.seconds)}"),
+        ("promotions", f"{c.ok} ({fmt_bytes(c.bytes)}) in {fmt_seconds(c.seconds)}"
+         + (f"; {c.already_huge} chosen ranges were huge already" if c.already_huge else "")),
         ("failed collapses", f"{c.tried - c.ok}: {failures}"),
         ("demotions", f"{r.demotions} ({fmt_bytes(r.demoted_bytes)})"),
         ("AnonHugePages peak/final", _pair(r.peak_huge_bytes, r.final_huge_bytes)),
@@ -242,12 +245,27 @@ def format_table(r: RunReport) -> str:
         ("hot set (last snapshot)", fmt_bytes(r.hot_bytes)),
         ("hot-set coverage", f"{fmt_pct(r.coverage)} of hot bytes on huge pages"),
     ]
-    for key, value in sorted(r.extra.items()):
-        rows.append((key, _flat(value)))
+    rows += _extra_rows(r.extra)
     width = max(len(k) for k, _ in rows)
     lines = ["damon-hp summary"] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
     lines += [f"  note: {n}" for n in r.notes]
     return "\n".join(lines)
+
+
+def _extra_rows(extra: dict[str, Any]) -> list[tuple[str, str]]:
+    """Rows for --perf (one per event; n/a with the reason, never 0) and --trace."""
+    rows = []
+    perf = extra.get("perf")
+    if isinstance(perf, dict):
+        unavailable = perf.get("unavailable") or {}
+        for event, value in (perf.get("events") or {}).items():
+            shown = f"n/a ({unavailable.get(event) or 'not counted'})" if value is None else (
+                f"{value:,}" if isinstance(value, int) else str(value))
+            rows.append((f"perf {event}", shown))
+    for key, value in sorted(extra.items()):
+        if key != "perf":
+            rows.append((key, _flat(value)))
+    return rows
 
 
 def _pair(a: int | None, b: int | None) -> str:

@@ -100,3 +100,15 @@ def test_byte_formatting_uses_binary_units() -> None:
     assert report.fmt_bytes(512) == "512 B"
     assert report.fmt_bytes(3 << 20) == "3.0 MiB"
     assert report.fmt_bytes(5 << 30) == "5.0 GiB"
+
+
+def test_perf_events_without_a_figure_print_na_with_the_reason() -> None:
+    r = make_report()
+    r.extra["perf"] = {"target": "pid 42", "elapsed_s": 1.0,
+                       "events": {"dTLB-load-misses": None, "page-faults": 1234},
+                       "unavailable": {"dTLB-load-misses": "no PMU"}}
+    table = report.format_table(r)
+    assert "perf dTLB-load-misses" in table and "n/a (no PMU)" in table
+    assert "1,234" in table
+    d = r.to_dict()
+    assert d["summary"]["extra"]["perf"]["events"]["dTLB-load-misses"] is None
