@@ -297,6 +297,16 @@ def remove_status() -> None:
         pass
 
 
+def remove_stale_statuses() -> None:
+    """Drop the status records of agents that died without cleaning up (e.g. SIGKILL)."""
+    for rec in read_statuses():
+        if not rec["alive"]:
+            try:
+                Path(rec["path"]).unlink()
+            except OSError:
+                pass
+
+
 def read_statuses() -> list[dict[str, Any]]:
     """Every agent status record, each with `alive` telling whether its agent still runs."""
     out = []
@@ -418,6 +428,7 @@ class Agent:
         except procfs.ProcessGone:
             pass
         self._start_measurements()
+        remove_stale_statuses()
         self._write_status()
 
     def _start_measurements(self) -> None:

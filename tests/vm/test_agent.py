@@ -221,7 +221,8 @@ def test_run_monitors_the_command_itself_from_its_start(tmp_path) -> None:
         assert covered == hi - lo, "DAMON's regions do not cover the command's buffers"
 
 
-def test_sigterm_stops_agent_and_command_and_leaves_no_kdamond(tmp_path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stop_signal_ends_agent_and_command_and_leaves_no_kdamond(sig: int) -> None:
     proc = subprocess.Popen([DAMON_HP, "run", "-q", "--", *hotcold("16M", "16M", 300)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     r = Ranges.from_line(proc.stdout.readline())
@@ -233,8 +234,9 @@ def test_sigterm_stops_agent_and_command_and_leaves_no_kdamond(tmp_path) -> None
                             timeout=120)
     agents = json.loads(status.stdout)["agents"]
     assert [(a["target_pid"], a["alive"]) for a in agents] == [(r.pid, True)]
-    stop(proc, signal.SIGTERM)
+    _, err = stop(proc, sig)  # to the agent alone, as `kill` would: the command must follow
     assert not Path(f"/proc/{r.pid}").exists(), "the command outlived the agent"
+    assert f"stopped by                {signal.Signals(sig).name}" in err
     assert running_kdamonds() == [] and kdamond_threads() == []
     status = subprocess.run([DAMON_HP, "status", "--json"], capture_output=True, text=True,
                             timeout=120)
@@ -266,6 +268,10 @@ def test_agent_killed_with_sigkill_is_cleaned_up_by_the_next_start(tmp_path) -> 
             time.sleep(0.2)
         assert len(running_kdamonds()) == 1 and running_kdamonds() != left_behind
         assert len(kdamond_threads()) == 1
+        status = subprocess.run([DAMON_HP, "status", "--json"], capture_output=True, text=True,
+                                timeout=120)
+        agents = json.loads(status.stdout)["agents"]
+        assert [(a["agent_pid"], a["alive"]) for a in agents] == [(second.pid, True)]
         _, err = stop(second, signal.SIGTERM)
         assert second.returncode == 0, err
         assert running_kdamonds() == [] and kdamond_threads() == []

@@ -132,9 +132,14 @@ class HeldChild:
         self.wait()
 
     def terminate(self, first: int, grace_s: float = 5.0) -> None:
-        """Stop a running child: `first` signal, then SIGTERM, then SIGKILL."""
+        """Stop a running child: `first` signal, then SIGTERM, then SIGKILL.
+
+        A Ctrl-C reached the child from the terminal already: give it a moment to act on that
+        one before sending another.
+        """
+        settle_s = 2.0 if first == signal.SIGINT else 0.0
         for sig in (first, signal.SIGTERM, signal.SIGKILL):
-            if self.wait(0 if sig == first else grace_s):
+            if self.wait(settle_s if sig == first else grace_s):
                 return
             self.signal(sig)
         self.wait()
