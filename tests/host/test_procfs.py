@@ -64,7 +64,6 @@ def test_stat_counts_the_faults_of_populating_the_buffer(child) -> None:
     assert st.comm.startswith("python")
     # One minor fault per 4 KiB page written (no THP at fault: the buffer is not madvised).
     assert st.minflt >= (child["end"] - child["start"]) // 4096
-    assert st.cpu_s > 0
 
 
 def test_stat_parses_a_command_name_with_spaces_and_parentheses() -> None:
