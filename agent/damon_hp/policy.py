@@ -16,7 +16,7 @@ The rule, in order:
    several regions; the boundary between two hot regions is not a reason to lose the 2 MiB range
    across it). A span yields only the 2 MiB-aligned ranges it covers completely, and, when the
    target's mappings are known, only those inside one mapping (a huge page cannot cross a VMA);
-   a hot region that straddles mappings counts only for the mapping holding most of it.
+   a hot region that straddles mappings counts only for a mapping holding nearly all of it.
    A 2 MiB range partly covered by a hot span is never collapsed.
 3. **Hysteresis up.** A range is promoted only after it was hot in `promote_after_snapshots`
    consecutive snapshots, so one noisy aggregation interval never triggers a collapse.
@@ -82,6 +82,12 @@ class PolicyParams:
         tenth of the maximum, which a randomly read buffer does most intervals before collapse;
         requiring age there would delay promotion by seconds for nothing. Noise is filtered by
         `promote_after_snapshots` instead. Raise it to ignore short-lived bursts.
+    mapping_share_pct = 90.0
+        A hot region that spans several of the target's mappings is evidence only for a mapping
+        holding at least this share of it (unmapped gaps count against it). DAMON's regions
+        start coarse and are split over a few aggregations; a region half in a hot and half in
+        an idle buffer reads hot and would otherwise collapse idle memory. At 90 % at most a
+        tenth of a region can lend its accesses to the rest.
     promote_after_snapshots = 2
         Two consecutive hot snapshots (0.8 s at the agent's default 400 ms aggregation): one
         noisy interval never triggers a collapse, which costs a 2 MiB copy per range. More
@@ -104,6 +110,7 @@ class PolicyParams:
 
     hot_access_pct: float = 5.0
     min_hot_age_s: float = 0.0
+    mapping_share_pct: float = 90.0
     promote_after_snapshots: int = 2
     demote_after_s: float = 30.0
     max_huge_bytes: int | None = None
@@ -114,6 +121,9 @@ class PolicyParams:
     max_retry_after_s: float = 60.0
 
     def __post_init__(self) -> None:
+        if not 50.0 < self.mapping_share_pct <= 100.0:
+            raise ValueError(f"mapping_share_pct must be within 50..100, got "
+                             f"{self.mapping_share_pct}")
         if not 0.0 <= self.hot_access_pct <= 100.0:
             raise ValueError(f"hot_access_pct must be within 0..100, got {self.hot_access_pct}")
         if self.min_hot_age_s < 0 or self.demote_after_s < 0:
@@ -294,19 +304,22 @@ def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[Span]:
     )
 
 
-def _majority_part(region: Span, mappings: Sequence[Span]) -> Span:
-    """The part of `region` inside the mapping that holds most of it.
+def _dominant_part(region: Span, mappings: Sequence[Span], share_pct: float) -> Span | None:
+    """The part of `region` inside the mapping holding at least `share_pct` of it, or None.
 
-    DAMON samples a random page of a region, so a region spanning a hot and an idle mapping
-    reports mostly the part that is larger; it is one DAMON has not yet split at the boundary.
-    Attributing its accesses to the smaller part as well would collapse idle memory (seen in
-    the test VM: a 65 MiB region, 39 MiB hot buffer and 24 MiB idle buffer, read as hot).
+    DAMON samples one random page of a region, so a region spanning a hot and an idle mapping
+    reads as a blend of the two: it is one DAMON has not yet split at the boundary, and its
+    accesses cannot be pinned on either part. Seen in the test VM: regions of 65 to 184 MiB,
+    40 to 60 % inside a hot buffer and the rest inside an idle one, read hot; attributing them
+    to the idle part (or to the larger part) collapsed tens of MiB of idle memory.
     """
-    best = Span(region.start, region.start)
+    best = None
     for m in mappings:
-        part = Span(max(region.start, m.start), min(region.end, m.end))
-        if part.size > best.size:
-            best = part
+        start, end = max(region.start, m.start), min(region.end, m.end)
+        if end > start and (best is None or end - start > best.size):
+            best = Span(start, end)
+    if best is None or 100 * best.size < share_pct * region.size:
+        return None
     return best
 
 
@@ -351,9 +364,10 @@ def decide(
         spans = merge_adjacent(regions_hot)
     else:
         maps = sorted(mappings)
-        # A region that straddles mappings counts only for the one holding most of it (see
-        # _majority_part); mappings are not merged: a huge page cannot cross a VMA boundary.
-        spans = _intersect(merge_adjacent(_majority_part(r, maps) for r in regions_hot), maps)
+        # A region that straddles mappings counts only for one holding nearly all of it (see
+        # _dominant_part); mappings are not merged: a huge page cannot cross a VMA boundary.
+        owned = (_dominant_part(r, maps, params.mapping_share_pct) for r in regions_hot)
+        spans = _intersect(merge_adjacent(p for p in owned if p is not None), maps)
         spans = [s for s in spans if s.size > 0]
     hot_set: list[int] = []
     span_of: dict[int, int] = {}

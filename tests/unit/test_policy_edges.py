@@ -51,12 +51,15 @@ def test_range_crossing_two_mappings_is_not_chosen_even_when_hot() -> None:
     assert d.hot_ranges == (BASE, BASE + 2 * H, BASE + 3 * H)
 
 
-def test_hot_region_straddling_mappings_counts_only_for_the_one_holding_most_of_it() -> None:
-    # DAMON has not split this region at the boundary yet: its accesses are the big part's.
-    s = snap(0.0, (0, 10 * H, 20))
-    idle, busy = Span(BASE, BASE + 3 * H), Span(BASE + 3 * H, BASE + 10 * H)
-    d, _ = decide(s, PolicyState(), PARAMS, mappings=[idle, busy])
-    assert d.hot_ranges == tuple(range(BASE + 3 * H, BASE + 10 * H, H))
+def test_hot_region_straddling_mappings_counts_only_for_one_holding_nearly_all_of_it() -> None:
+    # DAMON has not split these regions at the boundary yet: their accesses may be either part's.
+    idle, busy = Span(BASE, BASE + 3 * H), Span(BASE + 3 * H, BASE + 40 * H)
+    blend = snap(0.0, (0, 10 * H, 20))  # 30 % idle, 70 % busy: evidence for neither
+    d, _ = decide(blend, PolicyState(), PARAMS, mappings=[idle, busy])
+    assert d.hot_ranges == ()
+    mostly = snap(0.0, (0, 40 * H, 20))  # 92.5 % busy: counts for busy only
+    d, _ = decide(mostly, PolicyState(), PARAMS, mappings=[idle, busy])
+    assert d.hot_ranges == tuple(range(BASE + 3 * H, BASE + 40 * H, H))
 
 
 def test_hot_region_outside_every_mapping_yields_nothing() -> None:
