@@ -177,15 +177,20 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      "an access with sampling between 5 and 100 ms)")
     pol = parser.add_argument_group(
         "policy", "A region is hot at --hot-pct access frequency and --min-age-s age; its "
-        "fully covered 2 MiB ranges are collapsed after --promote-after hot snapshots.")
+        "fully covered 2 MiB ranges are collapsed after --promote-after hot snapshots over "
+        "--promote-after-s seconds, and marked MADV_NOHUGEPAGE after --demote-after cold "
+        "seconds.")
     pol.add_argument("--hot-pct", type=float, default=d.hot_access_pct, metavar="PCT",
                      help=f"access frequency that makes a region hot (default {d.hot_access_pct})")
     pol.add_argument("--min-age-s", type=_non_negative_float, default=d.min_hot_age_s,
                      metavar="S", help="age a hot region must have (default 0: hysteresis "
                      "filters noise instead)")
     pol.add_argument("--promote-after", type=_positive_int, default=d.promote_after_snapshots,
-                     metavar="N", help="consecutive hot snapshots before a range is collapsed "
-                     f"(default {d.promote_after_snapshots})")
+                     metavar="N", help="hot snapshots (one miss in a row tolerated) before a "
+                     f"range is collapsed (default {d.promote_after_snapshots})")
+    pol.add_argument("--promote-after-s", type=_non_negative_float, default=d.promote_after_s,
+                     metavar="S", help="... spanning at least this many seconds (default "
+                     f"{d.promote_after_s:g}: a sequential pass through memory is not hot memory)")
     pol.add_argument("--demote-after", type=_non_negative_float, default=d.demote_after_s,
                      metavar="S", help="seconds a promoted range must stay cold before it is "
                      f"marked MADV_NOHUGEPAGE (default {d.demote_after_s:g})")
@@ -224,6 +229,7 @@ def options_from_args(args: argparse.Namespace) -> AgentOptions:
             hot_access_pct=args.hot_pct,
             min_hot_age_s=args.min_age_s,
             promote_after_snapshots=args.promote_after,
+            promote_after_s=args.promote_after_s,
             demote_after_s=args.demote_after,
             max_huge_bytes=max_bytes,
             max_huge_rss_pct=max_pct,

@@ -18,8 +18,10 @@ The rule, in order:
    target's mappings are known, only those inside one mapping (a huge page cannot cross a VMA);
    a hot region that straddles mappings counts only for a mapping holding nearly all of it.
    A 2 MiB range partly covered by a hot span is never collapsed.
-3. **Hysteresis up.** A range is promoted only after it was hot in `promote_after_snapshots`
-   consecutive snapshots, so one noisy aggregation interval never triggers a collapse.
+3. **Hysteresis up.** A range is promoted only after a hot streak of at least
+   `promote_after_snapshots` hot snapshots spanning at least `promote_after_s` (a streak
+   survives `promote_grace` non-hot snapshots in a row), so neither one noisy aggregation
+   interval nor a sequential pass through the range triggers a collapse.
 4. **Ranking and limits.** Ready ranges are ranked by expected TLB benefit: the access frequency
    over the range times the size of the hot span it belongs to. They are admitted in that order
    while the budget (`max_huge_bytes`, `max_huge_rss_pct` of RSS) and the collapse rate limit
@@ -89,10 +91,21 @@ class PolicyParams:
         an idle buffer reads hot and would otherwise collapse idle memory. At 90 % at most a
         tenth of a region can lend its accesses to the rest.
     promote_after_snapshots = 2
-        Two consecutive hot snapshots (0.8 s at the agent's default 400 ms aggregation): one
-        noisy interval never triggers a collapse, which costs a 2 MiB copy per range. More
-        delays every promotion while a randomly read buffer still shows only a few accesses
-        per snapshot, and misses of one of them (a zero draw) restart the count.
+        A range must be hot in at least two snapshots of its streak: one noisy aggregation
+        interval never triggers a collapse, which costs a 2 MiB copy per range.
+    promote_after_s = 2.0
+        ... and for at least this long, snapshot after snapshot. A sequential pass (initialising
+        a buffer, a copy, a scan) touches each range once, but while DAMON's regions are still
+        coarse the region holding the pass reads hot for as long as the pass takes to cross it:
+        up to a second or two in the emulated test VM (seen: 84 MiB of a buffer written once,
+        collapsed after two 0.4 s snapshots), milliseconds natively. Memory read at random
+        stays hot. Two seconds are nothing against the lifetime of a promoted huge page.
+    promote_grace = 1
+        A streak survives one snapshot in which the range is not hot, but not two in a row.
+        Before collapse a randomly read 256 MiB buffer shows only a few sampled accesses per
+        snapshot in the test VM and now and then none at all; without the grace such a zero
+        restarts the count, and a busy buffer can wait many seconds for an unbroken streak.
+        A sequential pass that has moved on stays cold and ends its streak.
     demote_after_s = 30.0
         DAMON's ethp example demotes after 7 s idle; a promoted range has already paid for its
         collapse, so we wait longer before giving it up, so that phases a few seconds apart
@@ -112,6 +125,8 @@ class PolicyParams:
     min_hot_age_s: float = 0.0
     mapping_share_pct: float = 90.0
     promote_after_snapshots: int = 2
+    promote_after_s: float = 2.0
+    promote_grace: int = 1
     demote_after_s: float = 30.0
     max_huge_bytes: int | None = None
     max_huge_rss_pct: float | None = None
@@ -126,10 +141,11 @@ class PolicyParams:
                              f"{self.mapping_share_pct}")
         if not 0.0 <= self.hot_access_pct <= 100.0:
             raise ValueError(f"hot_access_pct must be within 0..100, got {self.hot_access_pct}")
-        if self.min_hot_age_s < 0 or self.demote_after_s < 0:
-            raise ValueError("min_hot_age_s and demote_after_s must not be negative")
-        if self.promote_after_snapshots < 1:
-            raise ValueError("promote_after_snapshots must be at least 1")
+        if min(self.min_hot_age_s, self.demote_after_s, self.promote_after_s) < 0:
+            raise ValueError("min_hot_age_s, promote_after_s and demote_after_s must not be "
+                             "negative")
+        if self.promote_after_snapshots < 1 or self.promote_grace < 0:
+            raise ValueError("promote_after_snapshots must be at least 1, promote_grace >= 0")
         if self.max_huge_bytes is not None and self.max_huge_bytes < 0:
             raise ValueError("max_huge_bytes must not be negative")
         if self.max_huge_rss_pct is not None and not 0 <= self.max_huge_rss_pct <= 100:
@@ -159,6 +175,10 @@ class PolicyState:
 
     hot_streak: Mapping[int, int] = field(default_factory=dict)
     """consecutive snapshots each not-yet-promoted range has been hot"""
+    hot_since: Mapping[int, float] = field(default_factory=dict)
+    """time (s) of the first snapshot of each range's current hot streak"""
+    hot_missed: Mapping[int, int] = field(default_factory=dict)
+    """snapshots in a row each streaking range has not been hot (up to promote_grace)"""
     promoted: Mapping[int, float] = field(default_factory=dict)
     """promoted range -> last snapshot time (s) it was accessed at or above the hot threshold"""
     demoted: frozenset[int] = frozenset()
@@ -389,10 +409,25 @@ def decide(
                 del table[start]
         demoted = {s for s in demoted if _inside_any(s, mappings)}
 
-    # Hysteresis up: count consecutive hot snapshots of ranges not already huge.
-    streak = {
-        start: state.hot_streak.get(start, 0) + 1 for start in hot_set if start not in promoted
-    }
+    # Hysteresis up: count the hot snapshots of each range's streak and since when it runs. A
+    # streak survives `promote_grace_snapshots` misses in a row (a zero draw of a randomly read
+    # buffer), not more (a sequential pass that moved on).
+    streak: dict[int, int] = {}
+    since: dict[int, float] = {}
+    missed: dict[int, int] = {}
+    for start in hot_set:
+        if start not in promoted:
+            streak[start] = state.hot_streak.get(start, 0) + 1
+            since[start] = state.hot_since.get(start, now)
+    for start, count in state.hot_streak.items():
+        gap = state.hot_missed.get(start, 0) + 1
+        if start not in hot_lookup and start not in promoted and gap <= params.promote_grace:
+            streak[start], since[start], missed[start] = count, state.hot_since[start], gap
+
+    def hot_long_enough(start: int) -> bool:
+        return (start in hot_lookup
+                and streak[start] >= params.promote_after_snapshots
+                and now - since[start] >= params.promote_after_s)
 
     # Hysteresis down: promoted ranges below the threshold for demote_after_s.
     demote: list[int] = []
@@ -406,15 +441,15 @@ def decide(
             demote.append(start)
 
     # A demoted range that is hot again must lose VM_NOHUGEPAGE before it can be collapsed.
-    for start, count in streak.items():
-        if start in demoted and count >= params.promote_after_snapshots:
+    for start in streak:
+        if start in demoted and hot_long_enough(start):
             demoted.discard(start)
             remarked[start] = now
 
     ready = [
         start
-        for start, count in streak.items()
-        if count >= params.promote_after_snapshots
+        for start in streak
+        if hot_long_enough(start)
         and start not in demoted
         and not (start in remarked and remarked[start] >= now)
         and state.retry_at.get(start, float("-inf")) <= now
@@ -445,6 +480,8 @@ def decide(
     next_state = replace(
         state,
         hot_streak=streak,
+        hot_since=since,
+        hot_missed=missed,
         promoted=promoted,
         demoted=frozenset(demoted),
         remarked=remarked,
@@ -510,10 +547,14 @@ def record_outcomes(
     retry_at = dict(state.retry_at)
     failures = dict(state.failures)
     streak = dict(state.hot_streak)
+    since = dict(state.hot_since)
+    missed = dict(state.hot_missed)
     for start, error in outcomes.items():
         if error is None:
             promoted[start] = now_s
             streak.pop(start, None)
+            since.pop(start, None)
+            missed.pop(start, None)
             retry_at.pop(start, None)
             failures.pop(start, None)
             # Under `madvise` the mark stays through hugepage_marks; otherwise it has done its job.
@@ -530,4 +571,6 @@ def record_outcomes(
         retry_at=retry_at,
         failures=failures,
         hot_streak=streak,
+        hot_since=since,
+        hot_missed=missed,
     )

@@ -220,7 +220,8 @@ def test_rss_share_budget_follows_the_rss_given() -> None:
 def test_a_range_is_promoted_only_after_k_consecutive_hot_snapshots(
     hotcold: Recording, k: int
 ) -> None:
-    r = replay(hotcold.snapshots, PolicyParams(promote_after_snapshots=k))
+    strict = PolicyParams(promote_after_snapshots=k, promote_after_s=0.0, promote_grace=0)
+    r = replay(hotcold.snapshots, strict)
     measured: list[Decision] = []  # decisions on non-empty snapshots, in order
     promoted = 0
     for snap, d in zip(r.snapshots, r.decisions, strict=True):
@@ -234,10 +235,35 @@ def test_a_range_is_promoted_only_after_k_consecutive_hot_snapshots(
     assert promoted > 0
 
 
+def test_every_promotion_follows_a_hot_streak_of_promote_after_s(hotcold: Recording) -> None:
+    p = PolicyParams()
+    r = replay(hotcold.snapshots, p)
+    checked = 0
+    for i, d in enumerate(r.decisions):
+        for start in d.promote:
+            # Walk back through the streak: hot snapshots with at most promote_grace misses
+            # in a row between them, and count how long it lasted.
+            j, misses, first = i, 0, d.taken_at_s
+            while j >= 0 and misses <= p.promote_grace:
+                if not r.snapshots[j].regions:
+                    j -= 1
+                    continue
+                if start in r.decisions[j].hot_ranges:
+                    first, misses = r.decisions[j].taken_at_s, 0
+                else:
+                    misses += 1
+                j -= 1
+            assert d.taken_at_s - first >= p.promote_after_s
+            checked += 1
+    assert checked > 0
+
+
 def test_a_range_hot_in_one_snapshot_only_is_not_promoted_with_hysteresis() -> None:
     rec = load(HOTCOLD[0])
-    once = replay(rec.snapshots, PolicyParams(promote_after_snapshots=1))
-    twice = replay(rec.snapshots, PolicyParams(promote_after_snapshots=2))
+    once = replay(rec.snapshots, PolicyParams(promote_after_snapshots=1, promote_after_s=0,
+                                              promote_grace=0))
+    twice = replay(rec.snapshots, PolicyParams(promote_after_snapshots=2, promote_after_s=0,
+                                               promote_grace=0))
     streaks: dict[int, int] = {}
     longest: dict[int, int] = {}
     for snap, d in zip(rec.snapshots, once.decisions, strict=True):

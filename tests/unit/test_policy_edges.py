@@ -22,7 +22,7 @@ def snap(t: float, *regions: tuple[int, int, int], age: int = 10) -> Snapshot:
     )
 
 
-PARAMS = PolicyParams(promote_after_snapshots=1)
+PARAMS = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0)
 
 
 def test_partial_2mb_range_at_either_end_of_a_hot_region_is_never_chosen() -> None:
@@ -69,7 +69,7 @@ def test_hot_region_outside_every_mapping_yields_nothing() -> None:
 
 
 def test_empty_snapshot_changes_no_state() -> None:
-    p = PolicyParams(promote_after_snapshots=3)
+    p = PolicyParams(promote_after_snapshots=3, promote_after_s=0.0)
     _, st = decide(snap(0.0, (0, 2 * H, 20)), PolicyState(), p)
     d, st2 = decide(snap(0.1), st, p)
     assert st2 == st and d.promote == () and d.demote == ()
@@ -77,8 +77,35 @@ def test_empty_snapshot_changes_no_state() -> None:
     assert d3.promote == ()  # two hot snapshots so far, the empty one neither counted nor reset
 
 
+def test_promotion_needs_a_streak_lasting_promote_after_s() -> None:
+    p = PolicyParams(promote_after_snapshots=2, promote_after_s=2.0)
+    st = PolicyState()
+    for t in (0.0, 0.5, 1.0, 1.5):
+        d, st = decide(snap(t, (0, H, 20)), st, p)
+        assert d.promote == ()
+    d, st = decide(snap(2.0, (0, H, 20)), st, p)
+    assert d.promote == (BASE,)
+
+
+def test_one_cold_snapshot_does_not_break_a_streak_but_two_do() -> None:
+    p = PolicyParams(promote_after_snapshots=2, promote_after_s=1.0, promote_grace=1)
+    hot, cold = (0, H, 20), (0, H, 0)
+    st = PolicyState()
+    for t, region in ((0.0, hot), (0.4, cold), (0.8, hot)):
+        d, st = decide(snap(t, region), st, p)
+        assert d.promote == ()
+    d, _ = decide(snap(1.2, hot), st, p)
+    assert d.promote == (BASE,)  # the streak from 0.0 s held across the single miss
+    st = PolicyState()
+    for t, region in ((0.0, hot), (0.4, cold), (0.8, cold), (1.2, hot)):
+        d, st = decide(snap(t, region), st, p)
+        assert d.promote == ()  # two misses in a row: the streak restarted at 1.2 s
+    d, _ = decide(snap(2.2, hot), st, p)
+    assert d.promote == (BASE,)
+
+
 def test_refused_collapse_is_retried_only_after_its_backoff() -> None:
-    p = PolicyParams(promote_after_snapshots=1, retry_after_s=2.0)
+    p = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0, retry_after_s=2.0)
     d, st = decide(snap(0.0, (0, H, 20)), PolicyState(), p)
     assert d.promote == (BASE,)
     st = record_outcomes(st, {BASE: "EAGAIN"}, p, now_s=0.0)
@@ -95,7 +122,7 @@ def test_refused_collapse_is_retried_only_after_its_backoff() -> None:
 
 
 def test_demoted_range_that_turns_hot_is_remarked_before_it_is_collapsed_again() -> None:
-    p = PolicyParams(promote_after_snapshots=1, demote_after_s=1.0)
+    p = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0, demote_after_s=1.0)
     d, st = decide(snap(0.0, (0, H, 20)), PolicyState(), p)
     st = record_outcomes(st, {BASE: None}, p, now_s=0.0)
     d, st = decide(snap(0.5, (0, H, 0)), st, p)
