@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from damon_hp.experiment.measure import kdamond_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke.toml"
@@ -29,9 +30,8 @@ def _thp_mode() -> str:
 
 
 def _running_kdamonds() -> list[str]:
-    root = Path("/sys/kernel/mm/damon/admin/kdamonds")
-    return [d.name for d in root.iterdir()
-            if d.name.isdigit() and (d / "state").read_text().strip() == "on"]
+    # The pid file, not `state`: reading `state` fails with EBUSY while a kdamond starts.
+    return sorted(kdamond_pids())
 
 
 @pytest.fixture(scope="module")

@@ -78,9 +78,29 @@ def _copy_back(stage: Path, out: Path) -> int:
     return n
 
 
+def prepare_inputs(exp: spec.Experiment) -> None:
+    """Generate the workloads' shared input files (water_nsquared's random.in) here, where the
+    tree is writable: inside the VM workloads/inputs/generated/ is read-only."""
+    import tempfile
+
+    from damon_hp.experiment import workloads
+
+    cells, _ = spec.expand(exp)
+    seen = set()
+    with tempfile.TemporaryDirectory(prefix="damon-hp-inputs-") as tmp:
+        for c in cells:
+            key = (workloads.program_for(c.workload, c.policy), c.workload.input, c.threads)
+            if c.workload.input is None or key in seen:
+                continue
+            seen.add(key)
+            workloads.resolve(c.workload, c.threads, c.policy, Path(tmp) / str(len(seen)))
+
+
 def run_in_vm(exp: spec.Experiment, out: Path, vm_memory: str) -> Outcome:
     """Boot the test VM, run the experiment inside, copy the results back (also on Ctrl-C)."""
     from damon_hp import testvm
+
+    prepare_inputs(exp)
 
     run_dir = testvm.new_run_dir()
     stage = run_dir / "experiment"
@@ -92,7 +112,7 @@ def run_in_vm(exp: spec.Experiment, out: Path, vm_memory: str) -> Outcome:
     try:
         result = testvm.run_in_vm(cmd, memory=vm_memory, timeout_s=None, stdout=sys.stderr,
                                   stderr=sys.stderr, run_dir=run_dir)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, testvm._Terminated):  # Ctrl-C or SIGTERM: the VM is gone
         interrupted = True
         result = None
     finally:

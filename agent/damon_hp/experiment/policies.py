@@ -294,6 +294,7 @@ class DamonHp(Policy):
         return f"damon-hp run{extra}, system THP mode {self.thp_mode(vm, options)} (VM)"
 
     def wrap(self, argv: list[str], state: RunState) -> list[str]:
+        # The workload's own argv, nothing in between (see runner._follow_agent_child).
         out = state.rundir / "agent.json"
         return [_tool("damon-hp"), "run", "--json", str(out), *state.options.agent_args,
                 "--", *argv]

@@ -176,6 +176,68 @@ def _wait_mark(mark: Path, proc: subprocess.Popen[bytes], key: str,
         time.sleep(0.02)
 
 
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tasks:
+        try:
+            kids += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            continue
+    return kids
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def _follow_agent_child(proc: subprocess.Popen[bytes], program: str, cg: RunCgroup | None,
+                        deadline: float, notes: list[str]) -> tuple[int, float]:
+    """Find the agent's child (held before exec while the agent sets DAMON up), move it into
+    the run's cgroup, and return its pid and the time its exec of `program` was seen.
+
+    Polled every 10 ms: the exec time is known to about that much, and the child is normally
+    moved during the hold (seconds under emulation), so the cgroup sees everything the workload
+    does. If it had exec'd already, that is noted: its first allocations escaped the cgroup.
+    """
+    target = os.path.realpath(shutil.which(program) or program)
+    child: int | None = None
+    while True:
+        if proc.poll() is not None:
+            raise DamonHpError(
+                f"{Path(str(proc.args[0])).name} exited with {proc.returncode} before the "  # type: ignore[index]
+                "workload started; see its stderr.txt"
+            )
+        if child is None:
+            kids = _children(proc.pid)
+            if kids:
+                child = kids[0]
+                if cg:
+                    (cg.path / "cgroup.procs").write_text(str(child))
+                if _exe(child) == target:
+                    notes.append("the agent's child had exec'd before it was moved into the "
+                                 "run's cgroup: its first allocations are not in the cgroup's "
+                                 "counters, and its start time is late")
+                    return child, time.monotonic()
+        else:
+            exe = _exe(child)
+            if exe == target:
+                return child, time.monotonic()
+            if exe is None:
+                raise DamonHpError(f"the agent's child {child} vanished before running "
+                                   f"{program}")
+        if time.monotonic() > deadline:
+            raise DamonHpError("the agent did not start the workload within "
+                               f"{START_TIMEOUT_S:.0f} s")
+        time.sleep(0.01)
+
+
 def _wait4(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, Any] | None:
     """Reap the direct child; (exit code, rusage) or None when it does not exit in time."""
     deadline = time.monotonic() + timeout_s
@@ -310,8 +372,15 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
         hold_r, hold_w = os.pipe() if policy.needs_hold else (-1, -1)
         if hold_w >= 0:
             stack.callback(_close_quietly, hold_w)
-        direct = not policy.needs_hold and not policy.wraps
-        if direct:
+        wrapped = policy.wraps
+        if wrapped:
+            # The agent forks and execs the workload itself. No launcher in between: a second
+            # exec would leave the agent watching the launcher's address space through the
+            # /proc files it opened after the first one. The runner moves the agent's held
+            # child into the cgroup and notices its exec instead (see _follow_agent_child).
+            argv = policy.wrap(list(cmd.argv), state)
+            preexec = None
+        elif not policy.needs_hold:
             # Nothing in between: the last steps run in the forked child (no launcher start-up).
             argv = list(cmd.argv)
             preexec = functools.partial(launch.prepare, str(mark),
@@ -319,21 +388,19 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
                                         "--thp-disable" in flags)
         else:
             launcher = [sys.executable, "-I", "-S", str(LAUNCHER), "--mark", str(mark),
-                        "--cwd", str(cmd.cwd), *flags]
+                        "--cwd", str(cmd.cwd), "--hold", str(hold_r), *flags]
             if cg:
                 launcher += ["--cgroup", str(cg.path)]
             if cmd.stdin:
                 launcher += ["--stdin", str(cmd.stdin)]
-            if hold_r >= 0:
-                launcher += ["--hold", str(hold_r)]
-            argv = policy.wrap([*launcher, "--", *cmd.argv], state)
+            argv = [*launcher, "--", *cmd.argv]
             preexec = None
         (rundir / "command.json").write_text(json.dumps({"argv": argv, "cwd": str(cmd.cwd)}))
         with contextlib.ExitStack() as files:
             out = files.enter_context(open(rundir / "stdout.txt", "wb"))
             err = files.enter_context(open(rundir / "stderr.txt", "wb"))
             stdin: Any = subprocess.DEVNULL
-            if direct and cmd.stdin:
+            if cmd.stdin and not policy.needs_hold:
                 stdin = files.enter_context(open(cmd.stdin, "rb"))
             try:
                 proc = subprocess.Popen(argv, stdin=stdin, stdout=out, stderr=err,
@@ -345,16 +412,19 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
             finally:
                 if hold_r >= 0:
                     os.close(hold_r)
-        wrapped = policy.wraps
         stack.callback(_terminate, proc, 30.0 if wrapped else 1.0)
 
         start_deadline = time.monotonic() + START_TIMEOUT_S
-        if policy.needs_hold:
-            held = _wait_mark(mark, proc, "pid", start_deadline)
-            policy.attach(int(held["pid"]), state)
-            os.write(hold_w, b"g")
-        info = _wait_mark(mark, proc, "t0", start_deadline)
-        pid, t0 = int(info["pid"]), float(info["t0"])
+        if wrapped:
+            pid, t0 = _follow_agent_child(proc, cmd.argv[0], cg, start_deadline, state.notes)
+            info: dict[str, Any] = {}
+        else:
+            if policy.needs_hold:
+                held = _wait_mark(mark, proc, "pid", start_deadline)
+                policy.attach(int(held["pid"]), state)
+                os.write(hold_w, b"g")
+            info = _wait_mark(mark, proc, "t0", start_deadline)
+            pid, t0 = int(info["pid"]), float(info["t0"])
         session = _start_perf(pid, state.notes) if ctx.tlb else None
         if session is not None:
             stack.callback(session.__exit__, None, None, None)
