@@ -93,3 +93,14 @@ def test_agents_own_time_to_hot_set_huge_starts_at_its_first_hot_snapshot():
     assert agent_hot_huge_s(timeline) == pytest.approx(2.5)
     assert agent_hot_huge_s(timeline[:3]) is None
     assert agent_hot_huge_s(None) is None
+
+
+def test_water_layout_gives_var_and_each_threads_force_run_as_hot_ranges():
+    line = ('{"event":"layout","pid":7,"nmol":512,"threads":2,'
+            '"VAR":{"start":1000,"end":2000},"gl":{"start":5000,"end":6000},"pforces":['
+            '{"thread":0,"table":{"start":10,"end":20},"nodes":{"start":3000,"end":3500}},'
+            '{"thread":1,"table":{"start":30,"end":40},"nodes":{"start":3500,"end":4000}}]}\n')
+    assert workloads.hot_ranges("water_nsquared: warning\n" + line) == [
+        (1000, 2000), (3000, 3500), (3500, 4000)]
+    assert workloads.ground_truth_env("water_nsquared") == {"WATER_NSQUARED_JSON": "1"}
+    assert workloads.ground_truth_env("hotcold") == {}

@@ -14,7 +14,6 @@ exited), `cleanup` (always, also on Ctrl-C).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -405,17 +404,20 @@ class Oracle(Policy):
         with target:
             t, c = time.monotonic(), time.thread_time()
             pending = starts
-            for _ in range(3):  # EAGAIN (page under migration, lock contention) is transient
+            for attempt in range(3):
                 results = actuate.collapse(target, pending)
                 pending = []
                 for r in results:
                     self.outcome.bytes_done += r.bytes_done
                     if r.error:
-                        self.outcome.errors[r.error] = self.outcome.errors.get(r.error, 0) + 1
-                        if r.error == errno.errorcode[errno.EAGAIN]:
-                            pending.append(r.start)
+                        pending.append(r.start)
+                        if attempt == 2:
+                            self.outcome.errors[r.error] = self.outcome.errors.get(r.error, 0) + 1
                 if not pending or target.exited():
                     break
+                # EAGAIN is transient, and memory the program has not touched yet (no resident
+                # page in a 2 MiB area) can be collapsed once it has: try again a bit later.
+                time.sleep(1.0)
             self.outcome.seconds = time.monotonic() - t
             self.outcome.cpu_s = time.thread_time() - c
             self.outcome.done_at_s = time.monotonic() - t0

@@ -307,6 +307,10 @@ def _read_perf(session: perf.PerfSession, result: RunResult, notes: list[str]) -
         setattr(result, field_name, None if value is None else int(value))
 
 
+def cmd_program(cmd: workloads.Command) -> str:
+    return Path(cmd.argv[0]).name
+
+
 def _close_quietly(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
@@ -364,7 +368,7 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
             stack.callback(cg.remove)
         mark = rundir / "mark.json"
         flags = policy.launcher_flags(vm)
-        env = dict(os.environ, **policy.env(vm))
+        env = dict(os.environ, **policy.env(vm), **workloads.ground_truth_env(cmd_program(cmd)))
         foreign = set(kdamond_pids().values())
         stack.callback(stop_leftover_kdamonds, foreign, state.notes)
         stack.callback(policy.cleanup, state)
@@ -501,7 +505,9 @@ def _watch(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.Ru
             now = time.monotonic()
             sampler.sample(now)
             if wants_truth and sampler.hot is None:
-                ranges = workloads.hot_ranges(stdout_path.read_text(errors="replace"))
+                ranges = workloads.hot_ranges(
+                    stdout_path.read_text(errors="replace")
+                    + stdout_path.with_name("stderr.txt").read_text(errors="replace"))
                 if ranges:
                     sampler.set_hot(ranges, now)
                     sampler.sample(time.monotonic())

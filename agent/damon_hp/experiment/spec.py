@@ -39,8 +39,9 @@ ALWAYS = "thp-always"
 MEMORY_CONDITIONS = ("sufficient", "insufficient")
 WHERE = ("vm", "host")
 
-# Programs that print their hot ranges as JSON (the oracle needs ground truth).
-GROUND_TRUTH_PROGRAMS = frozenset({"hotcold"})
+# Programs that print their hot ranges as JSON (the oracle needs ground truth): hotcold on
+# stdout, water_nsquared on stderr with WATER_NSQUARED_JSON=1 (VAR and each thread's force run).
+GROUND_TRUTH_PROGRAMS = frozenset({"hotcold", "water_nsquared"})
 # Programs with a -compact variant (the thesis's second scheme).
 COMPACT_VARIANTS = {"streamcluster": "streamcluster-compact"}
 
@@ -375,7 +376,7 @@ def applicable(workload: Workload, policy: str) -> str | None:
     if policy == "oracle" and workload.program not in GROUND_TRUTH_PROGRAMS:
         return (
             f"{workload.program} does not print its hot ranges; the oracle needs a "
-            f"ground-truth benchmark ({', '.join(sorted(GROUND_TRUTH_PROGRAMS))})"
+            f"program that prints them ({', '.join(sorted(GROUND_TRUTH_PROGRAMS))})"
         )
     if policy == "damon-hp-compact" and workload.program not in COMPACT_VARIANTS:
         return f"{workload.program} has no -compact variant"

@@ -100,12 +100,31 @@ def _json_lines(text: str) -> list[dict]:
     return out
 
 
-def hot_ranges(stdout_text: str) -> list[tuple[int, int]] | None:
-    """The ground-truth hot ranges a benchmark printed ({"hot": {"start", "end"}}), if any."""
-    for obj in _json_lines(stdout_text):
-        hot = obj.get("hot")
-        if isinstance(hot, dict) and "start" in hot and "end" in hot:
-            return [(int(hot["start"]), int(hot["end"]))]
+def ground_truth_env(program: str) -> dict[str, str]:
+    """Environment that makes a program print its hot ranges (set for every policy alike)."""
+    return {"WATER_NSQUARED_JSON": "1"} if program == "water_nsquared" else {}
+
+
+def _range(d: object) -> tuple[int, int] | None:
+    if isinstance(d, dict) and isinstance(d.get("start"), int) and isinstance(d.get("end"), int):
+        return (int(d["start"]), int(d["end"]))
+    return None
+
+
+def hot_ranges(text: str) -> list[tuple[int, int]] | None:
+    """The ground-truth hot ranges a program printed, if any: hotcold's {"hot": {...}}, or
+    water_nsquared's {"event": "layout"} (VAR and each thread's PFORCES node run, the large
+    hot data of workloads-spec B.19)."""
+    for obj in _json_lines(text):
+        hot = _range(obj.get("hot"))
+        if hot:
+            return [hot]
+        if obj.get("event") == "layout":
+            ranges = [_range(obj.get("VAR"))]
+            for p in obj.get("pforces") or []:
+                ranges.append(_range(p.get("nodes")) if isinstance(p, dict) else None)
+            found = [r for r in ranges if r and r[1] > r[0]]
+            return found or None
     return None
 
 
