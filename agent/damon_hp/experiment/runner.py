@@ -207,6 +207,7 @@ def _follow_agent_child(proc: subprocess.Popen[bytes], program: str, cg: RunCgro
     does. If it had exec'd already, that is noted: its first allocations escaped the cgroup.
     """
     target = os.path.realpath(shutil.which(program) or program)
+    agent_exe = _exe(proc.pid)
     child: int | None = None
     while True:
         if proc.poll() is not None:
@@ -215,9 +216,13 @@ def _follow_agent_child(proc: subprocess.Popen[bytes], program: str, cg: RunCgro
                 "workload started; see its stderr.txt"
             )
         if child is None:
-            kids = _children(proc.pid)
-            if kids:
-                child = kids[0]
+            # The held child is a fork of the agent (same executable) until its exec; any
+            # other helper the agent might start (perf, hpstat) is not the workload.
+            for kid in _children(proc.pid):
+                exe = _exe(kid)
+                if exe not in (agent_exe, target):
+                    continue
+                child = kid
                 if cg:
                     (cg.path / "cgroup.procs").write_text(str(child))
                 if _exe(child) == target:
@@ -225,6 +230,7 @@ def _follow_agent_child(proc: subprocess.Popen[bytes], program: str, cg: RunCgro
                                  "run's cgroup: its first allocations are not in the cgroup's "
                                  "counters, and its start time is late")
                     return child, time.monotonic()
+                break
         else:
             exe = _exe(child)
             if exe == target:
