@@ -487,6 +487,8 @@ class Agent:
         try:
             if self.kd is not None:
                 self._read_kdamond_cpu()
+                if self.kd.is_running():
+                    self._fold_scheme_stats()
                 self.kd.stop()
         finally:
             self.kd = None
@@ -577,7 +579,8 @@ class Agent:
             rep.actions.append({
                 "t_s": round(time.monotonic() - self.started_at, 3), "action": "nohugepage",
                 "start": start, "end": start + policy.HUGE_PAGE_BYTES,
-                "bytes": policy.HUGE_PAGE_BYTES, "error": None, "seconds": 0.0,
+                # Applied by the kdamond once the scheme below is committed: no time to measure.
+                "bytes": policy.HUGE_PAGE_BYTES, "error": None, "seconds": None,
             })
         if not self.opts.dry_run:
             entry.schemes_changed = self._apply_schemes(decision)
@@ -671,6 +674,9 @@ class Agent:
         wanted = tuple(schemes)
         if wanted == self.schemes or self.kd is None:
             return False
+        self._fold_scheme_stats()  # a commit restarts the kernel's counters
+        t0 = time.monotonic()
+        error = None
         try:
             self.kd.set_schemes(wanted)
         except sysfs.KdamondStopped:
@@ -678,12 +684,31 @@ class Agent:
         except DamonHpError as e:
             # DAMON sysfs answers EBUSY while another reader holds its lock; the marks are
             # retried at the next snapshot, since self.schemes still differs from them.
+            error = str(e)
             self.report.scheme_errors += 1
-            if len(self.report.notes) < 20:
-                self.report.notes.append(f"DAMOS scheme update failed (retried): {e}")
+        self.report.actions.append({
+            "t_s": round(t0 - self.started_at, 3), "action": "damos_schemes",
+            "schemes": {sc.action: sum(a.size for a in sc.addr_filters) for sc in wanted},
+            "error": error, "seconds": round(time.monotonic() - t0, 6),
+        })
+        if error is not None:
             return False
         self.schemes = wanted
         return True
+
+    def _fold_scheme_stats(self) -> None:
+        """Add what the kdamond did with our current schemes to the report's DAMOS totals."""
+        if not self.schemes or self.kd is None:
+            return
+        try:
+            stats = self.kd.scheme_stats()
+        except DamonHpError:
+            return
+        for scheme, st in zip(self.schemes, stats, strict=False):
+            total = self.report.damos.setdefault(scheme.action, {"nr_applied": 0,
+                                                                 "sz_applied": 0})
+            total["nr_applied"] += st.nr_applied
+            total["sz_applied"] += st.sz_applied
 
     # -- bookkeeping -------------------------------------------------------------------------
 

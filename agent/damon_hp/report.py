@@ -116,6 +116,9 @@ class RunReport:
     majflt: int | None = None
     hot_bytes: int | None = None  # at the last snapshot
     hot_huge_bytes: int | None = None
+    damos: dict[str, dict[str, int]] = field(default_factory=dict)
+    """per DAMOS action of our schemes: regions (nr_applied) and bytes (sz_applied) the kdamond
+    applied it to, summed over every commit (re-applied each interval, so bytes repeat)"""
     extra: dict[str, Any] = field(default_factory=dict)  # --perf / --trace results
     timeline: list[TimelineEntry] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)  # every action, one by one
@@ -182,6 +185,7 @@ class RunReport:
             "hot_bytes": self.hot_bytes,
             "hot_huge_bytes": self.hot_huge_bytes,
             "hot_coverage": _round(self.coverage, 4),
+            "damos": self.damos,
             **({"extra": self.extra} if self.extra else {}),
             **({"notes": self.notes} if self.notes else {}),
         }
