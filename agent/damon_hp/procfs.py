@@ -374,9 +374,23 @@ class ProcessFiles:
             raise
         return b"".join(chunks).decode(errors="replace")
 
+    # Opening these pins the process's address space of that moment (mm): after an exec they
+    # show the old, dead one, empty. status and stat follow the task and stay valid.
+    _MM_BOUND = ("maps", "smaps_rollup", "pagemap")
+
     def maps(self) -> list[Mapping]:
-        """VMAs; ProcessGone once the process has no memory left (exited, maybe unreaped)."""
+        """VMAs; ProcessGone once the process has no memory left (exited, maybe unreaped).
+
+        Empty maps through an old file mean an exit or an exec (a launcher such as `env` or
+        `sh -c` exec-ing the real program): the files are reopened once to tell which.
+        """
         maps = parse_maps(self._text("maps"))
+        if not maps:
+            for name in self._MM_BOUND:
+                fd = self._fds.pop(name, None)
+                if fd is not None:
+                    os.close(fd)
+            maps = parse_maps(self._text("maps"))
         if not maps:
             raise ProcessGone(f"/proc/{self.pid}/maps is empty: the process has exited")
         return maps

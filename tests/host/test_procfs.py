@@ -135,3 +135,29 @@ def test_smaps_shows_the_nohugepage_flag_the_process_set_itself() -> None:
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def test_process_files_follow_the_process_through_exec() -> None:
+    # A launcher (env, sh -c) execs the real program: files opened before the exec must not
+    # keep showing the launcher's dead address space.
+    code = ("import os, sys; print(flush=True); sys.stdin.readline(); "
+            f"os.execv(sys.executable, [sys.executable, {str(CHILD)!r}, '4'])")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    files = procfs.ProcessFiles(proc.pid)
+    try:
+        proc.stdout.readline()
+        before = files.maps()
+        files.rollup()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        info = json.loads(proc.stdout.readline())  # the exec'd program's buffer is ready
+        after = files.maps()
+        assert any(m.start <= info["start"] < m.end for m in after)
+        assert not any(m.start <= info["start"] < m.end for m in before)
+        assert files.rollup()["Rss"] >= info["end"] - info["start"]
+        assert files.huge_bytes_in([(info["start"], info["end"])]) == 0
+    finally:
+        files.close()
+        proc.stdin.close()
+        proc.wait(timeout=30)

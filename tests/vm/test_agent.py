@@ -209,13 +209,20 @@ def test_run_passes_the_commands_exit_code_through() -> None:
     assert "exit code 7" in r.stderr
 
 
-def test_run_monitors_the_command_itself_from_its_start(tmp_path) -> None:
+@pytest.mark.parametrize("launcher", [[], ["env", "DAMON_HP_TEST=1"]], ids=["direct", "env"])
+def test_run_monitors_the_command_itself_from_its_start(tmp_path, launcher: list[str]) -> None:
+    # With a launcher the program is a second exec in the same process: still the target.
     out, rec = tmp_path / "out.json", tmp_path / "rec.json"
     r = subprocess.run([DAMON_HP, "run", "-q", "--json", str(out), "--record", str(rec), "--",
-                        *hotcold("16M", "16M", 5)], capture_output=True, text=True, timeout=600)
+                        *launcher, *hotcold("16M", "16M", 5)],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     ranges = Ranges.from_line(r.stdout.splitlines()[0])
-    assert json.loads(out.read_text())["summary"]["target_pid"] == ranges.pid
+    report = json.loads(out.read_text())
+    assert report["summary"]["target_pid"] == ranges.pid
+    assert report["summary"]["stopped_by"] == "target exit"
+    # The agent's /proc readings followed the exec: the program's 32 MiB are in its RSS.
+    assert report["summary"]["peak_rss_bytes"] >= 32 << 20
     snaps = json.loads(rec.read_text())["snapshots"]
     assert snaps and all(s["pid"] == ranges.pid for s in snaps)
     last = [s for s in snaps if s["regions"]][-1]["regions"]
