@@ -597,6 +597,10 @@ class Agent:
                 entry.hot_huge_bytes = None
         else:
             entry.hot_huge_bytes = 0
+        if self.files.stat().exiting:
+            # Measured while exit was unmapping the target: its huge pages read as gone, which
+            # says nothing about the agent. The previous entry stays the final word.
+            raise procfs.ProcessGone(f"pid {self.target.pid} is exiting")
         rep.hot_bytes = entry.hot_bytes
         rep.hot_huge_bytes = entry.hot_huge_bytes
         rep.observe_memory(entry.huge_bytes, status.vm_rss, status.vm_pte)

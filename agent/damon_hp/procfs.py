@@ -203,10 +203,19 @@ class Stat:
     children_utime_s: float
     children_stime_s: float
     start_ticks: int
+    flags: int = 0  # the kernel's task flags (PF_*)
 
     @property
     def cpu_s(self) -> float:
         return self.utime_s + self.stime_s
+
+    @property
+    def exiting(self) -> bool:
+        """The task is in do_exit: its memory may already be half torn down (PF_EXITING)."""
+        return bool(self.flags & PF_EXITING)
+
+
+PF_EXITING = 0x4
 
 
 def read_stat(pid: int | str) -> Stat:
@@ -230,6 +239,7 @@ def parse_stat(text: str) -> Stat:
         children_utime_s=int(f[13]) / CLOCK_TICKS,
         children_stime_s=int(f[14]) / CLOCK_TICKS,
         start_ticks=int(f[19]),
+        flags=int(f[6]),
     )
 
 

@@ -161,3 +161,13 @@ def test_process_files_follow_the_process_through_exec() -> None:
         files.close()
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def test_stat_tells_a_live_process_from_one_in_exit():
+    # A live process is not exiting; the same stat line with PF_EXITING set in its flags field
+    # (field 9) is, which is how the agent drops a measurement taken while exit unmapped memory.
+    text = Path("/proc/self/stat").read_text()
+    assert not procfs.parse_stat(text).exiting
+    head, rest = text[: text.rindex(")") + 2], text[text.rindex(")") + 2 :].split()
+    rest[6] = str(int(rest[6]) | procfs.PF_EXITING)
+    assert procfs.parse_stat(head + " ".join(rest)).exiting
