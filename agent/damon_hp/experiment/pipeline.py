@@ -22,7 +22,7 @@ from damon_hp.experiment import environment, spec
 from damon_hp.experiment.analysis import Analysis, analyse
 from damon_hp.experiment.report import ReportInput, render
 from damon_hp.experiment.results import load_runs, write_json_atomic, write_tables
-from damon_hp.experiment.runner import Outcome, run_experiment
+from damon_hp.experiment.runner import ERROR, Outcome, run_experiment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SPEC_COPY = "experiment.toml"
@@ -120,13 +120,15 @@ def run_in_vm(exp: spec.Experiment, out: Path, vm_memory: str) -> Outcome:
     if result is not None and result.vm_failed:
         raise DamonHpError(f"damon-hp experiment: {result.failure_text()}\n"
                            f"({copied} finished runs were kept in {out})")
-    if result is not None and result.exit_code not in (0, 130):
+    # 0: done; 1: done, but some runs could not run (listed below); 130: interrupted.
+    if result is not None and result.exit_code not in (0, 1, 130):
         raise DamonHpError(f"damon-hp experiment: the run inside the VM failed with exit code "
                            f"{result.exit_code} (its output is above; {copied} finished runs "
                            f"were kept in {out})")
     planned = len(spec.expand(exp)[0])
+    errors = [f"{r.cell_id}: {'; '.join(r.notes)}" for r in load_runs(out) if r.status == ERROR]
     return Outcome(planned, copied, interrupted or (result is not None
-                                                    and result.exit_code == 130), 0.0)
+                                                    and result.exit_code == 130), 0.0, errors)
 
 
 def run(exp_path: Path, out: Path | None, where: str | None, command: str,
