@@ -101,3 +101,19 @@ def test_figures_are_written_and_readable(tmp_path):
     for p in paths:
         img = image.imread(tmp_path / p)
         assert img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_time_to_hot_set_huge_says_how_many_runs_never_got_there():
+    rs = runs()
+    for r in rs:
+        if r.policy == "oracle" and r.memory == "sufficient":
+            r.hot_huge_fraction_final = 1.0 if r.rep == 0 else 0.5
+            r.time_to_hot_huge_s = 0.75 if r.rep == 0 else None
+        elif r.memory == "sufficient":
+            r.hot_huge_fraction_final = 0.0
+    e = exp()
+    text = render(ReportInput(experiment=e, environment={"where": "vm"},
+                              analysis=analyse(rs, list(e.policies)), runs=rs, planned=12,
+                              command="x"))
+    assert "| 0.75 s (1 of 2 runs; the others never) |" in text
+    assert "| never (0 of 2 runs) |" in text

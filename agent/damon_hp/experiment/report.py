@@ -112,6 +112,21 @@ class _Footnotes:
                 for i, reason in enumerate(self.reasons)]
 
 
+def _reached(s: PolicySummary) -> str:
+    """Time to hot set huge, saying how many runs got there at all (a median over the runs that
+    did would otherwise hide the ones that never did)."""
+    t = s.metrics.get("time_to_hot_huge_s")
+    frac = s.metrics.get("hot_huge_fraction_final")
+    if frac is None or frac.n == 0:
+        return "n/a"
+    if t is None or t.n == 0:
+        return f"never (0 of {frac.n} runs)"
+    text = fmt_spread(t, "s")
+    if t.n < frac.n:
+        text += f" ({t.n} of {frac.n} runs; the others never)"
+    return text
+
+
 def headline_table(g: GroupSummary) -> list[str]:
     unit = _runtime_unit(g)
     notes = _Footnotes()
@@ -128,7 +143,7 @@ def headline_table(g: GroupSummary) -> list[str]:
             f"{fmt_spread(s.metrics.get('peak_rss_bytes'), 'B')} | "
             f"{notes.cell(s.overhead_removed, percent=True)} | "
             f"{fmt_spread(s.metrics.get('anon_huge_mean_bytes'), 'B')} | "
-            f"{fmt_spread(s.metrics.get('time_to_hot_huge_s'), 's')} |"
+            f"{_reached(s)} |"
         )
     if notes.reasons:
         lines += [""] + [f"{line}  " for line in notes.lines()]
