@@ -366,7 +366,9 @@ def digest(report_path: Path, rng: tuple[int, int]) -> str:
     lines = [f"{e['monotonic_s']:.1f} hot={e['hot_bytes'] >> 20}M "
              f"huge={(e['huge_bytes'] or 0) >> 20}M {e['actions']}" for e in d["timeline"]]
     lines += [f"{a['t_s']} {a['action']} {a['start']:#x} {a['error']}" for a in d["actions"]
-              if rng[0] <= a["start"] < rng[1]]
+              if "start" in a and rng[0] <= a["start"] < rng[1]]
+    lines += [f"{a['t_s']} {a['action']} {a.get('error')}" for a in d["actions"]
+              if "start" not in a]
     return "\n".join(lines)
 
 
@@ -409,7 +411,7 @@ def test_under_thp_madvise_promoted_memory_is_marked_hugepage_and_cold_memory_no
 
 def _check_madvise_marks(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    phase_s = 40
+    phase_s = 60  # generous: DAMON in a loaded TCG VM needs several 400 ms aggregations
     log = tmp_path / "agent.log"
     proc = subprocess.Popen(
         [DAMON_HP, "run", "--progress-s", "5", "--json", str(out), "--demote-after", "4", "--",
