@@ -112,6 +112,15 @@ class _Footnotes:
                 for i, reason in enumerate(self.reasons)]
 
 
+def _percent(sp: Spread | None) -> str:
+    if sp is None or sp.median is None:
+        return "n/a"
+    text = f"{sp.median:.0%}"
+    if sp.n > 1 and sp.lo != sp.hi:
+        text += f" [{sp.lo:.0%}–{sp.hi:.0%}]"
+    return text
+
+
 def _reached(s: PolicySummary) -> str:
     """Time to hot set huge, saying how many runs got there at all (a median over the runs that
     did would otherwise hide the ones that never did)."""
@@ -132,8 +141,9 @@ def headline_table(g: GroupSummary) -> list[str]:
     notes = _Footnotes()
     lines = [
         f"| policy | runs ok | runtime ({unit}) | runtime / never | speedup preserved | "
-        "peak RSS | THP memory overhead removed | AnonHugePages mean | time to hot set huge |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "peak RSS | THP memory overhead removed | AnonHugePages mean | hot range huge at end | "
+        "time to hot set huge |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p, s in g.policies.items():
         ok = f"{s.n_ok}" + (f" (+{s.n_not_ok} not ok)" if s.n_not_ok else "")
@@ -143,6 +153,7 @@ def headline_table(g: GroupSummary) -> list[str]:
             f"{fmt_spread(s.metrics.get('peak_rss_bytes'), 'B')} | "
             f"{notes.cell(s.overhead_removed, percent=True)} | "
             f"{fmt_spread(s.metrics.get('anon_huge_mean_bytes'), 'B')} | "
+            f"{_percent(s.metrics.get('hot_huge_fraction_final'))} | "
             f"{_reached(s)} |"
         )
     if notes.reasons:
