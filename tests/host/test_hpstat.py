@@ -9,8 +9,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,8 +165,20 @@ def test_json_lines_of_the_binary_add_up_and_parse(child: Child) -> None:
 
 def test_without_bpf_privilege_it_says_why_and_exits_2() -> None:
     nobody = 65534
-    done = subprocess.run([str(HPSTAT), "-d", "1"], user=nobody, group=nobody, extra_groups=[],
-                          capture_output=True, text=True, timeout=60, check=False)
+    # The clone may sit below a mode-0700 folder (a home, a mktemp -d) that the unprivileged
+    # user cannot traverse: run a copy from a folder it can reach, so the test is about BPF
+    # privilege and not about path permissions.
+    reachable = Path(tempfile.mkdtemp(prefix="hpstat-nobody-", dir="/tmp"))
+    try:
+        reachable.chmod(0o755)
+        binary = reachable / "hpstat"
+        shutil.copy2(HPSTAT, binary)
+        binary.chmod(0o755)
+        done = subprocess.run([str(binary), "-d", "1"], user=nobody, group=nobody,
+                              extra_groups=[], capture_output=True, text=True, timeout=60,
+                              check=False, cwd="/")
+    finally:
+        shutil.rmtree(reachable, ignore_errors=True)
     assert done.returncode == 2
     assert "BPF is not permitted" in done.stderr
     assert "root" in done.stderr

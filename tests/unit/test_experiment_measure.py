@@ -6,7 +6,9 @@ import math
 
 import pytest
 from damon_hp.experiment import workloads
+from damon_hp import procfs
 from damon_hp.experiment.measure import (
+    _all_mapped,
     first_time_at_least,
     huge_capable_bytes,
     peak,
@@ -104,3 +106,16 @@ def test_water_layout_gives_var_and_each_threads_force_run_as_hot_ranges():
         (1000, 2000), (3000, 3500), (3500, 4000)]
     assert workloads.ground_truth_env("water_nsquared") == {"WATER_NSQUARED_JSON": "1"}
     assert workloads.ground_truth_env("hotcold") == {}
+
+
+def _maps(*spans: tuple[int, int]) -> list[procfs.Mapping]:
+    return [procfs.Mapping(lo, hi, "rw-p", 0, 0, "") for lo, hi in spans]
+
+
+def test_a_hot_range_counts_as_mapped_only_while_every_byte_of_it_is():
+    hot = [(4 * MiB, 20 * MiB)]
+    assert _all_mapped(_maps((2 * MiB, 10 * MiB), (10 * MiB, 22 * MiB)), hot)
+    # unmapped before exit (hotcold does this after its result line): no longer a measurement
+    assert not _all_mapped(_maps((30 * MiB, 40 * MiB)), hot)
+    assert not _all_mapped(_maps((2 * MiB, 10 * MiB), (12 * MiB, 22 * MiB)), hot)
+    assert not _all_mapped([], hot)

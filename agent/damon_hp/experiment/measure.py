@@ -27,6 +27,20 @@ def huge_capable_bytes(ranges: list[tuple[int, int]]) -> int:
     return total
 
 
+def _all_mapped(maps: list[procfs.Mapping], ranges: list[tuple[int, int]]) -> bool:
+    """Whether every byte of `ranges` lies in some mapping (mappings are sorted, may touch)."""
+    for lo, hi in ranges:
+        pos = lo
+        for m in maps:
+            if m.start <= pos < m.end:
+                pos = m.end
+            if pos >= hi:
+                break
+        if pos < hi:
+            return False
+    return True
+
+
 def time_weighted_mean(samples: list[dict[str, Any]], key: str) -> float | None:
     """Mean of a sampled value, each sample holding until the next (sample-and-hold).
 
@@ -128,6 +142,11 @@ class Sampler:
         if capable == 0:
             return None
         try:
+            # A benchmark unmaps its buffers before it exits (hotcold does, after printing its
+            # result): a sample then reads 0 huge bytes of memory that no longer exists, and
+            # as the run's last sample it would become the final word. No mapping, no sample.
+            if not _all_mapped(procfs.read_maps(self.pid), self.hot):
+                return None
             huge = procfs.huge_bytes_in(self.pid, self.hot)
         except procfs.PagemapScanUnsupported:
             # Per-VMA counters: exact only because the benchmarks map their hot range alone.

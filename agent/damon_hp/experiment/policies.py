@@ -370,6 +370,10 @@ class CollapseOutcome:
     done_at_s: float | None = None
 
 
+ORACLE_ATTEMPTS = 12
+ORACLE_RETRY_S = 0.25
+
+
 class Oracle(Policy):
     """Collapse exactly the benchmark's printed hot range with process_madvise(MADV_COLLAPSE)."""
 
@@ -404,20 +408,22 @@ class Oracle(Policy):
         with target:
             t, c = time.monotonic(), time.thread_time()
             pending = starts
-            for attempt in range(3):
+            for attempt in range(ORACLE_ATTEMPTS):
                 results = actuate.collapse(target, pending)
                 pending = []
+                last = attempt == ORACLE_ATTEMPTS - 1
                 for r in results:
                     self.outcome.bytes_done += r.bytes_done
                     if r.error:
                         pending.append(r.start)
-                        if attempt == 2:
+                        if last:
                             self.outcome.errors[r.error] = self.outcome.errors.get(r.error, 0) + 1
                 if not pending or target.exited():
                     break
                 # EAGAIN is transient, and memory the program has not touched yet (no resident
-                # page in a 2 MiB area) can be collapsed once it has: try again a bit later.
-                time.sleep(1.0)
+                # page in a 2 MiB area) can be collapsed once it has: try again soon, since a
+                # short benchmark may be over within a second or two.
+                time.sleep(ORACLE_RETRY_S)
             self.outcome.seconds = time.monotonic() - t
             self.outcome.cpu_s = time.thread_time() - c
             self.outcome.done_at_s = time.monotonic() - t0
