@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from damon_hp.experiment import workloads
 from damon_hp import procfs
+from damon_hp.experiment import workloads
 from damon_hp.experiment.measure import (
     _all_mapped,
     first_time_at_least,
