@@ -14,15 +14,14 @@
 
 #include "microbench.h"
 
+#define PROG "gups"
 #define BATCH 1024
 
 struct worker {
-	pthread_t tid;
+	struct mb_worker mb; /* mb.ops: updates done */
 	uint64_t *table;
 	uint64_t words;
 	uint64_t quota; /* updates to do; 0 = until stopped */
-	uint64_t seed;
-	_Atomic uint64_t done;
 	char pad[64];
 };
 
@@ -49,19 +48,12 @@ static void usage(FILE *f)
 		"Exit status: 0 done, 1 runtime failure, 2 bad arguments.\n");
 }
 
-static void bad_args(const char *fmt, const char *arg)
-{
-	fprintf(stderr, "gups: ");
-	fprintf(stderr, fmt, arg);
-	fprintf(stderr, "\n");
-	usage(stderr);
-	exit(2);
-}
+#define bad_args(...) mb_bad_args(PROG, usage, __VA_ARGS__)
 
 static void *updater(void *arg)
 {
 	struct worker *w = arg;
-	uint64_t state = w->seed, n = 0;
+	uint64_t state = w->mb.seed, n = 0;
 	uint64_t *t = w->table;
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
 		uint64_t batch = BATCH;
@@ -72,7 +64,7 @@ static void *updater(void *arg)
 			t[(uint64_t)(((unsigned __int128)r * w->words) >> 64)] ^= r;
 		}
 		n += batch;
-		atomic_store_explicit(&w->done, n, memory_order_relaxed);
+		atomic_store_explicit(&w->mb.ops, n, memory_order_relaxed);
 		if (w->quota && n >= w->quota)
 			break;
 	}
@@ -151,7 +143,7 @@ int main(int argc, char **argv)
 	if (optind < argc)
 		bad_args("unexpected argument '%s'", argv[optind]);
 	if (updates > 0 && seconds >= 0)
-		bad_args("--updates and --seconds exclude each other%s", "");
+		bad_args("--updates and --seconds exclude each other");
 	if (updates < 0 && seconds < 0)
 		seconds = 10;
 
@@ -176,11 +168,9 @@ int main(int argc, char **argv)
 	       (int)getpid(), (uintptr_t)table, (uintptr_t)table + (uintptr_t)size);
 	fflush(stdout);
 
-	struct worker *w = calloc((size_t)threads, sizeof(*w));
-	if (!w) {
-		fprintf(stderr, "gups: out of memory for %lld thread records\n", threads);
+	struct worker *w = mb_alloc_workers(PROG, threads, sizeof(*w));
+	if (!w)
 		return 1;
-	}
 	double t0 = mb_now(CLOCK_MONOTONIC);
 	for (long long i = 0; i < threads; i++) {
 		w[i].table = table;
@@ -188,43 +178,21 @@ int main(int argc, char **argv)
 		if (updates > 0)
 			w[i].quota = (uint64_t)updates / (uint64_t)threads +
 				     ((uint64_t)i < (uint64_t)updates % (uint64_t)threads);
-		w[i].seed = 0x6a050000ULL + (uint64_t)i;
-		if (updates > 0 && !w[i].quota) {
-			w[i].tid = 0;
-			continue;
-		}
-		int err = pthread_create(&w[i].tid, NULL, updater, &w[i]);
-		if (err) {
-			fprintf(stderr, "gups: cannot start thread %lld: %s\n", i, strerror(err));
-			atomic_store(&stop, true);
-			for (long long j = 0; j < i; j++)
-				if (w[j].tid)
-					pthread_join(w[j].tid, NULL);
-			return 1;
-		}
+		w[i].mb.seed = 0x6a050000ULL + (uint64_t)i;
+		w[i].mb.idle = updates > 0 && !w[i].quota;
 	}
+	if (mb_start_workers(PROG, w, sizeof(*w), threads, updater, &stop))
+		return 1;
 	int sig = 0;
 	if (updates > 0) {
 		/* Fixed work: the main thread only watches for a stop request until all are done. */
-		for (;;) {
-			uint64_t total = 0;
-			for (long long i = 0; i < threads; i++)
-				total += atomic_load_explicit(&w[i].done, memory_order_relaxed);
-			if (total >= (uint64_t)updates)
-				break;
+		while (mb_workers_ops(w, sizeof(*w), threads) < (uint64_t)updates)
 			if ((sig = mb_wait_signal(&stopset, 0.01)))
 				break;
-		}
 	} else {
 		sig = mb_wait_signal(&stopset, seconds);
 	}
-	atomic_store(&stop, true);
-	uint64_t done = 0;
-	for (long long i = 0; i < threads; i++) {
-		if (w[i].tid)
-			pthread_join(w[i].tid, NULL);
-		done += atomic_load(&w[i].done);
-	}
+	uint64_t done = mb_stop_workers(w, sizeof(*w), threads, &stop);
 	double elapsed = mb_now(CLOCK_MONOTONIC) - t0;
 	long long huge_kb = anon_huge_kb((uintptr_t)table);
 	char huge_buf[32];
@@ -238,7 +206,7 @@ int main(int argc, char **argv)
 	       size, threads, hugepage ? "true" : "false", done, elapsed,
 	       done ? elapsed * 1e9 / (double)done : 0.0, elapsed > 0 ? (double)done / elapsed / 1e9 : 0.0,
 	       huge_buf,
-	       sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : updates > 0 ? "done" : "timeout");
+	       mb_stopped_by(sig, updates > 0 ? "done" : "timeout"));
 	fflush(stdout);
 	free(w);
 	mb_unmap_aligned(table, size);

@@ -12,16 +12,15 @@
 
 #include "microbench.h"
 
+#define PROG "hotcold"
 #define DEFAULT_HOT (64ULL << 20)
 #define DEFAULT_COLD (256ULL << 20)
 #define BATCH 4096
 
 struct worker {
-	pthread_t tid;
+	struct mb_worker mb;
 	const uint64_t *hot;
 	uint64_t lines;
-	uint64_t seed;
-	_Atomic uint64_t ops;
 	uint64_t sink;
 	char pad[64];
 };
@@ -46,26 +45,19 @@ static void usage(FILE *f)
 		"Exit status: 0 done, 1 runtime failure, 2 bad arguments.\n");
 }
 
-static void bad_args(const char *fmt, const char *arg)
-{
-	fprintf(stderr, "hotcold: ");
-	fprintf(stderr, fmt, arg);
-	fprintf(stderr, "\n");
-	usage(stderr);
-	exit(2);
-}
+#define bad_args(...) mb_bad_args(PROG, usage, __VA_ARGS__)
 
 static void *reader(void *arg)
 {
 	struct worker *w = arg;
-	uint64_t state = w->seed, sum = 0;
+	uint64_t state = w->mb.seed, sum = 0;
 	const uint64_t words_per_line = MB_LINE / sizeof(uint64_t);
 	/* At least one batch per thread, so a run stopped before a thread was first scheduled
 	 * (a loaded machine) still reports reads it really made rather than ops = 0. */
 	do {
 		for (int i = 0; i < BATCH; i++)
 			sum += w->hot[mb_below(&state, w->lines) * words_per_line];
-		atomic_fetch_add_explicit(&w->ops, BATCH, memory_order_relaxed);
+		atomic_fetch_add_explicit(&w->mb.ops, BATCH, memory_order_relaxed);
 	} while (!atomic_load_explicit(&stop, memory_order_relaxed));
 	w->sink = sum;
 	return NULL;
@@ -115,7 +107,7 @@ int main(int argc, char **argv)
 	if (optind < argc)
 		bad_args("unexpected argument '%s'", argv[optind]);
 	if (hot_size < MB_LINE)
-		bad_args("--hot: must be at least 64 bytes%s", "");
+		bad_args("--hot: must be at least 64 bytes");
 
 	sigset_t stopset;
 	mb_block_stop_signals(&stopset);
@@ -139,37 +131,20 @@ int main(int argc, char **argv)
 	       (uintptr_t)cold, (uintptr_t)cold + (uintptr_t)cold_size);
 	fflush(stdout);
 
-	struct worker *w = calloc((size_t)threads, sizeof(*w));
-	if (!w) {
-		fprintf(stderr, "hotcold: out of memory for %lld thread records\n", threads);
+	struct worker *w = mb_alloc_workers(PROG, threads, sizeof(*w));
+	if (!w)
 		return 1;
-	}
 	double t0 = mb_now(CLOCK_MONOTONIC);
 	for (long long i = 0; i < threads; i++) {
 		w[i].hot = hot;
 		w[i].lines = hot_size / MB_LINE;
-		w[i].seed = 0x5eed0000ULL + (uint64_t)i;
-		int err = pthread_create(&w[i].tid, NULL, reader, &w[i]);
-		if (err) {
-			fprintf(stderr, "hotcold: cannot start thread %lld: %s\n", i, strerror(err));
-			atomic_store(&stop, true);
-			for (long long j = 0; j < i; j++)
-				pthread_join(w[j].tid, NULL);
-			return 1;
-		}
+		w[i].mb.seed = 0x5eed0000ULL + (uint64_t)i;
 	}
+	if (mb_start_workers(PROG, w, sizeof(*w), threads, reader, &stop))
+		return 1;
 	int sig = mb_wait_signal(&stopset, seconds);
-	atomic_store(&stop, true);
-	uint64_t ops = 0;
-	for (long long i = 0; i < threads; i++) {
-		pthread_join(w[i].tid, NULL);
-		ops += atomic_load(&w[i].ops);
-	}
-	double elapsed = mb_now(CLOCK_MONOTONIC) - t0;
-	printf("{\"ops\":%" PRIu64 ",\"seconds\":%.6f,\"ops_per_s\":%.1f,\"stopped_by\":\"%s\"}\n",
-	       ops, elapsed, elapsed > 0 ? (double)ops / elapsed : 0.0,
-	       sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "timeout");
-	fflush(stdout);
+	uint64_t ops = mb_stop_workers(w, sizeof(*w), threads, &stop);
+	mb_print_ops_line("", ops, mb_now(CLOCK_MONOTONIC) - t0, sig);
 	free(w);
 	mb_unmap_aligned(hot, hot_size);
 	mb_unmap_aligned(cold, cold_size);

@@ -7,6 +7,8 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +21,23 @@
 #define MB_PAGE 4096UL
 #define MB_HUGE (2UL << 20)
 #define MB_LINE 64UL
+
+/*
+ * A bad command line: "<prog>: <message>" and the program's usage on stderr, then exit 2.
+ * A program wraps it once: #define bad_args(...) mb_bad_args(PROG, usage, __VA_ARGS__)
+ */
+static inline __attribute__((noreturn, format(printf, 3, 4)))
+void mb_bad_args(const char *prog, void (*usage)(FILE *), const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "%s: ", prog);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	exit(2);
+}
 
 static inline double mb_now(clockid_t clk)
 {
@@ -171,6 +190,103 @@ static inline int mb_wait_signal(const sigset_t *set, double seconds)
 		if (errno != EINTR && errno != EAGAIN)
 			return 0;
 	}
+}
+
+/*
+ * Worker threads. A program's worker record begins with a struct mb_worker, and its workers are
+ * one array of such records, `size` bytes apart (sizeof the program's record), which the helpers
+ * below walk. Every worker polls the program's stop flag and counts its work in `ops`.
+ */
+struct mb_worker {
+	pthread_t tid;
+	uint64_t seed;        /* the worker's mb_rand state at start */
+	_Atomic uint64_t ops; /* work done so far: written by the worker, summed by the main thread */
+	bool idle;            /* set before mb_start_workers: this one has no work and is not started */
+	bool started;
+};
+
+static inline struct mb_worker *mb_worker_at(void *records, size_t size, long long i)
+{
+	return (struct mb_worker *)((char *)records + (size_t)i * size);
+}
+
+/* `n` zeroed worker records of `size` bytes, or NULL with "<prog>: out of memory ..." on stderr. */
+static inline void *mb_alloc_workers(const char *prog, long long n, size_t size)
+{
+	void *records = calloc((size_t)n, size);
+	if (!records)
+		fprintf(stderr, "%s: out of memory for %lld thread records\n", prog, n);
+	return records;
+}
+
+/*
+ * Runs fn(record) in a thread for each record not marked idle. If a thread cannot be created:
+ * "<prog>: cannot start thread I: why" on stderr, *stop set, the started workers joined, and -1
+ * returned (the caller exits 1). 0 when all started.
+ */
+static inline int mb_start_workers(const char *prog, void *records, size_t size, long long n,
+				   void *(*fn)(void *), atomic_bool *stop)
+{
+	for (long long i = 0; i < n; i++) {
+		struct mb_worker *w = mb_worker_at(records, size, i);
+		if (w->idle)
+			continue;
+		int err = pthread_create(&w->tid, NULL, fn, w);
+		if (err) {
+			fprintf(stderr, "%s: cannot start thread %lld: %s\n", prog, i, strerror(err));
+			atomic_store(stop, true);
+			for (long long j = 0; j < i; j++) {
+				struct mb_worker *v = mb_worker_at(records, size, j);
+				if (v->started)
+					pthread_join(v->tid, NULL);
+			}
+			return -1;
+		}
+		w->started = true;
+	}
+	return 0;
+}
+
+/* The work done so far by all workers together. */
+static inline uint64_t mb_workers_ops(void *records, size_t size, long long n)
+{
+	uint64_t ops = 0;
+	for (long long i = 0; i < n; i++)
+		ops += atomic_load_explicit(&mb_worker_at(records, size, i)->ops, memory_order_relaxed);
+	return ops;
+}
+
+/* Sets *stop, waits for every started worker to finish, and returns their total work. */
+static inline uint64_t mb_stop_workers(void *records, size_t size, long long n, atomic_bool *stop)
+{
+	atomic_store(stop, true);
+	uint64_t ops = 0;
+	for (long long i = 0; i < n; i++) {
+		struct mb_worker *w = mb_worker_at(records, size, i);
+		if (w->started)
+			pthread_join(w->tid, NULL);
+		ops += atomic_load(&w->ops);
+	}
+	return ops;
+}
+
+/* What ended a run, for the final line's "stopped_by": the stop signal's name, or `otherwise`. */
+static inline const char *mb_stopped_by(int sig, const char *otherwise)
+{
+	return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : otherwise;
+}
+
+/*
+ * The final line of a timed run, flushed:
+ *   {<lead>"ops":N,"seconds":T,"ops_per_s":R,"stopped_by":"timeout"|"SIGTERM"|"SIGINT"}
+ * `lead` is "" or the program's own leading members, each followed by a comma.
+ */
+static inline void mb_print_ops_line(const char *lead, uint64_t ops, double elapsed, int sig)
+{
+	printf("{%s\"ops\":%" PRIu64 ",\"seconds\":%.6f,\"ops_per_s\":%.1f,\"stopped_by\":\"%s\"}\n",
+	       lead, ops, elapsed, elapsed > 0 ? (double)ops / elapsed : 0.0,
+	       mb_stopped_by(sig, "timeout"));
+	fflush(stdout);
 }
 
 #endif

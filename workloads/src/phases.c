@@ -12,12 +12,11 @@
 
 #include "microbench.h"
 
+#define PROG "phases"
 #define BATCH 1024
 
 struct worker {
-	pthread_t tid;
-	uint64_t seed;
-	_Atomic uint64_t ops;
+	struct mb_worker mb;
 	uint64_t sink;
 	char pad[64];
 };
@@ -50,25 +49,18 @@ static void usage(FILE *f)
 		"2 bad arguments.\n");
 }
 
-static void bad_args(const char *fmt, const char *arg)
-{
-	fprintf(stderr, "phases: ");
-	fprintf(stderr, fmt, arg);
-	fprintf(stderr, "\n");
-	usage(stderr);
-	exit(2);
-}
+#define bad_args(...) mb_bad_args(PROG, usage, __VA_ARGS__)
 
 static void *reader(void *arg)
 {
 	struct worker *w = arg;
-	uint64_t state = w->seed, sum = 0;
+	uint64_t state = w->mb.seed, sum = 0;
 	const uint64_t words_per_line = MB_LINE / sizeof(uint64_t);
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
 		const uint64_t *region = atomic_load_explicit(&current, memory_order_acquire);
 		for (int i = 0; i < BATCH; i++)
 			sum += region[mb_below(&state, lines_per_region) * words_per_line];
-		atomic_fetch_add_explicit(&w->ops, BATCH, memory_order_relaxed);
+		atomic_fetch_add_explicit(&w->mb.ops, BATCH, memory_order_relaxed);
 	}
 	w->sink = sum;
 	return NULL;
@@ -157,17 +149,10 @@ int main(int argc, char **argv)
 
 	atomic_store(&current, regions[0]);
 	double t0 = mb_now(CLOCK_MONOTONIC);
-	for (long long i = 0; i < threads; i++) {
-		w[i].seed = 0x9a5e0000ULL + (uint64_t)i;
-		int err = pthread_create(&w[i].tid, NULL, reader, &w[i]);
-		if (err) {
-			fprintf(stderr, "phases: cannot start thread %lld: %s\n", i, strerror(err));
-			atomic_store(&stop, true);
-			for (long long j = 0; j < i; j++)
-				pthread_join(w[j].tid, NULL);
-			return 1;
-		}
-	}
+	for (long long i = 0; i < threads; i++)
+		w[i].mb.seed = 0x9a5e0000ULL + (uint64_t)i;
+	if (mb_start_workers(PROG, w, sizeof(*w), threads, reader, &stop))
+		return 1;
 
 	int sig = 0;
 	long long phase;
@@ -185,18 +170,10 @@ int main(int argc, char **argv)
 			break;
 		}
 	}
-	atomic_store(&stop, true);
-	uint64_t ops = 0;
-	for (long long i = 0; i < threads; i++) {
-		pthread_join(w[i].tid, NULL);
-		ops += atomic_load(&w[i].ops);
-	}
-	double elapsed = mb_now(CLOCK_MONOTONIC) - t0;
-	printf("{\"phases\":%lld,\"ops\":%" PRIu64 ",\"seconds\":%.6f,\"ops_per_s\":%.1f,"
-	       "\"stopped_by\":\"%s\"}\n",
-	       phase, ops, elapsed, elapsed > 0 ? (double)ops / elapsed : 0.0,
-	       sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "timeout");
-	fflush(stdout);
+	uint64_t ops = mb_stop_workers(w, sizeof(*w), threads, &stop);
+	char lead[40];
+	snprintf(lead, sizeof(lead), "\"phases\":%lld,", phase);
+	mb_print_ops_line(lead, ops, mb_now(CLOCK_MONOTONIC) - t0, sig);
 	for (long long r = 0; r < nregions; r++)
 		mb_unmap_aligned(regions[r], region_size);
 	free(regions);
