@@ -51,12 +51,10 @@ static void *reader(void *arg)
 {
 	struct worker *w = arg;
 	uint64_t state = w->mb.seed, sum = 0;
-	const uint64_t words_per_line = MB_LINE / sizeof(uint64_t);
 	/* At least one batch per thread, so a run stopped before a thread was first scheduled
 	 * (a loaded machine) still reports reads it really made rather than ops = 0. */
 	do {
-		for (int i = 0; i < BATCH; i++)
-			sum += w->hot[mb_below(&state, w->lines) * words_per_line];
+		sum += mb_read_random_lines(w->hot, w->lines, &state, BATCH);
 		atomic_fetch_add_explicit(&w->mb.ops, BATCH, memory_order_relaxed);
 	} while (!atomic_load_explicit(&stop, memory_order_relaxed));
 	w->sink = sum;

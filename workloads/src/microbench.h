@@ -157,6 +157,18 @@ static inline uint64_t mb_below(uint64_t *state, uint64_t n)
 	return (uint64_t)(((unsigned __int128)mb_rand(state) * n) >> 64);
 }
 
+/* Reads the first word of `n` random 64-byte lines of a region of `lines` lines (the random-read
+ * load of the hot-set benchmarks) and returns their sum, so the reads cannot be optimised away. */
+static inline uint64_t mb_read_random_lines(const uint64_t *region, uint64_t lines,
+					    uint64_t *state, int n)
+{
+	const uint64_t words_per_line = MB_LINE / sizeof(uint64_t);
+	uint64_t sum = 0;
+	for (int i = 0; i < n; i++)
+		sum += region[mb_below(state, lines) * words_per_line];
+	return sum;
+}
+
 /*
  * SIGINT/SIGTERM are blocked in every thread (call before creating threads) and collected by
  * the main thread with mb_wait_signal, so a stop request ends the run with its final line.

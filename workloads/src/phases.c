@@ -55,11 +55,9 @@ static void *reader(void *arg)
 {
 	struct worker *w = arg;
 	uint64_t state = w->mb.seed, sum = 0;
-	const uint64_t words_per_line = MB_LINE / sizeof(uint64_t);
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
 		const uint64_t *region = atomic_load_explicit(&current, memory_order_acquire);
-		for (int i = 0; i < BATCH; i++)
-			sum += region[mb_below(&state, lines_per_region) * words_per_line];
+		sum += mb_read_random_lines(region, lines_per_region, &state, BATCH);
 		atomic_fetch_add_explicit(&w->mb.ops, BATCH, memory_order_relaxed);
 	}
 	w->sink = sum;
