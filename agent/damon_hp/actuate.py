@@ -1,5 +1,9 @@
 """The only place that changes a target's memory: collapses and DAMOS huge-page marks.
 
+- `Actuator.apply(decision)` carries out one policy decision and returns one `Applied` record
+  of everything it did: collapses, adoptions of ranges already huge, outcomes of DAMOS
+  collapses, demotion marks, DAMOS scheme commits, and per range the outcome the policy must
+  learn (`Applied.outcomes`, for `policy.record_outcomes`).
 - `Target` holds a pidfd on the process, so an exited and recycled PID can never be hit.
 - `collapse` = process_madvise(MADV_COLLAPSE) on 2 MiB ranges of the target (Linux 6.1+;
   independent of the system THP mode). Each range is its own call, so each range's result is
@@ -18,17 +22,17 @@ import os
 import select
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from damon_hp.damon.model import AddrRange, Scheme
-from damon_hp.errors import EnvironmentProblem
-from damon_hp.policy import HUGE_PAGE_BYTES, Span
+from damon_hp.damon.model import Scheme, SchemeStats
+from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.policy import Decision
+from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, coalesce, huge_range
 
 # Syscall numbers of the generic table, the same on x86-64 and arm64.
 SYS_PIDFD_OPEN = 434
 SYS_PROCESS_MADVISE = 440
-MADV_HUGEPAGE = 14
-MADV_NOHUGEPAGE = 15
 MADV_COLLAPSE = 25
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -155,12 +159,8 @@ def collapse(target: Target, starts: Iterable[int]) -> list[ActionResult]:
     return results
 
 
-def _ranges(spans: Sequence[Span]) -> tuple[AddrRange, ...]:
-    return tuple(AddrRange(s.start, s.end) for s in spans if s.end > s.start)
-
-
 def mark_schemes(
-    hugepage_marks: Sequence[Span], nohugepage_marks: Sequence[Span]
+    hugepage_marks: Sequence[AddrRange], nohugepage_marks: Sequence[AddrRange]
 ) -> list[Scheme]:
     """DAMOS schemes that keep `hugepage_marks` MADV_HUGEPAGE and `nohugepage_marks` NOHUGEPAGE.
 
@@ -170,14 +170,188 @@ def mark_schemes(
     """
     schemes = []
     if hugepage_marks:
-        schemes.append(Scheme(action="hugepage", addr_filters=_ranges(hugepage_marks)))
+        schemes.append(Scheme(action="hugepage", addr_filters=tuple(hugepage_marks)))
     if nohugepage_marks:
-        schemes.append(Scheme(action="nohugepage", addr_filters=_ranges(nohugepage_marks)))
+        schemes.append(Scheme(action="nohugepage", addr_filters=tuple(nohugepage_marks)))
     return schemes
 
 
-def collapse_scheme(ranges: Sequence[Span]) -> Scheme | None:
+def collapse_scheme(ranges: Sequence[AddrRange]) -> Scheme | None:
     """The DAMOS `collapse` scheme (Linux 7.2+) limited to `ranges`, or None when empty."""
     if not ranges:
         return None
-    return Scheme(action="collapse", addr_filters=_ranges(ranges))
+    return Scheme(action="collapse", addr_filters=tuple(ranges))
+
+
+# --------------------------------------------------------------------------------------------
+# carrying out a decision
+
+
+class SchemeHost(Protocol):
+    """What the actuator needs of a kdamond of ours to install DAMOS schemes (OwnedKdamond)."""
+
+    def set_schemes(self, schemes: Sequence[Scheme]) -> None: ...
+    def scheme_stats(self) -> list[SchemeStats]: ...
+    def is_running(self) -> bool: ...
+
+
+class HugeMap(Protocol):
+    """What the actuator reads of the target's memory (procfs.ProcessFiles)."""
+
+    def huge_regions_in(self, ranges: Iterable[AddrRange]) -> list[AddrRange]: ...
+    def huge_bytes_in(self, ranges: Iterable[AddrRange]) -> int: ...
+
+
+@dataclass(frozen=True)
+class SchemeCommit:
+    """One replacement of our DAMOS schemes on the kdamond (a sysfs `commit`)."""
+
+    schemes: dict[str, int]  # action -> bytes its address filters cover
+    error: str | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": "damos_schemes", "schemes": self.schemes, "error": self.error,
+                "seconds": round(self.seconds, 6)}
+
+
+@dataclass
+class Applied:
+    """Everything one `Actuator.apply` did, in the order it did it."""
+
+    collapses: list[ActionResult] = field(default_factory=list)
+    adopted: tuple[int, ...] = ()
+    """ranges chosen for promotion that were PMD-mapped already (THP `always` faults,
+    khugepaged): promoted without a collapse call, nothing to copy"""
+    damos_collapses: list[ActionResult] = field(default_factory=list)
+    """outcomes of ranges handed to the DAMOS collapse action a snapshot earlier"""
+    demotions: list[ActionResult] = field(default_factory=list)
+    """ranges added to the MADV_NOHUGEPAGE scheme (applied by the kdamond: no time to measure)"""
+    commit: SchemeCommit | None = None
+
+    @property
+    def outcomes(self) -> dict[int, str | None]:
+        """Range start -> None (huge now) or why not: what the policy must learn."""
+        out: dict[int, str | None] = {s: None for s in self.adopted}
+        for r in (*self.damos_collapses, *self.collapses):
+            out[r.start] = r.error
+        return out
+
+    def action_records(self) -> list[dict[str, Any]]:
+        """One dict per action, for the report (without the time stamp)."""
+        recs = [r.to_dict() for r in (*self.damos_collapses, *self.collapses, *self.demotions)]
+        if self.commit is not None:
+            recs.append(self.commit.to_dict())
+        return recs
+
+
+class Actuator:
+    """Carries out the policy's decisions on one target; remembers what it has installed.
+
+    Collapses go through process_madvise, or (Linux 7.2+, `damos_collapse`) through the DAMOS
+    `collapse` action, checked a snapshot later. MADV_HUGEPAGE / MADV_NOHUGEPAGE marks can only
+    reach another process through DAMOS, so they need a kdamond of ours (`schemes`); without
+    one (paddr and passive sources) marks are not made, and say so in `marks_unavailable`.
+    """
+
+    def __init__(self, target: Target, memory: HugeMap, schemes: SchemeHost | None, *,
+                 dry_run: bool = False, damos_collapse: bool = False) -> None:
+        self.target = target
+        self.memory = memory
+        self.scheme_host = schemes
+        self.dry_run = dry_run
+        self.damos_collapse = damos_collapse and schemes is not None
+        self.installed: tuple[Scheme, ...] = ()
+        self.pending_damos: dict[int, float] = {}
+        self.damos_totals: dict[str, dict[str, int]] = {}
+
+    @property
+    def marks_unavailable(self) -> bool:
+        return self.scheme_host is None
+
+    def apply(self, decision: Decision, now_s: float) -> Applied:
+        """Carry out `decision` (made on a snapshot read at `now_s`, monotonic seconds)."""
+        applied = Applied()
+        if self.dry_run:
+            return applied
+        applied.damos_collapses = self._check_damos_collapses(now_s)
+        if decision.promote:
+            if self.damos_collapse:
+                for start in decision.promote:
+                    self.pending_damos.setdefault(start, now_s)
+            else:
+                applied.adopted = self._already_huge(decision.promote)
+                todo = [s for s in decision.promote if s not in applied.adopted]
+                applied.collapses = collapse(self.target, todo)
+        if self.scheme_host is not None:  # without DAMOS a demotion can change nothing
+            applied.demotions = [
+                ActionResult("nohugepage", s, s + HUGE_PAGE_BYTES, HUGE_PAGE_BYTES, None, 0.0)
+                for s in decision.demote
+            ]
+        applied.commit = self._install_schemes(decision)
+        return applied
+
+    def _already_huge(self, starts: Sequence[int]) -> tuple[int, ...]:
+        try:
+            huge = self.memory.huge_regions_in(coalesce(starts))
+        except DamonHpError:  # no PAGEMAP_SCAN: every range gets its collapse call
+            return ()
+        return tuple(s for s in starts if any(h.contains(huge_range(s)) for h in huge))
+
+    def _check_damos_collapses(self, now_s: float) -> list[ActionResult]:
+        """DAMOS collapse (7.2+) is applied by the kdamond: a snapshot later, see what took.
+
+        Untested here: no kernel with the collapse action was available (6.12 VM, 6.18 host).
+        """
+        out = []
+        for start in [s for s, t in self.pending_damos.items() if t < now_s]:
+            del self.pending_damos[start]
+            ok = self.memory.huge_bytes_in([huge_range(start)]) == HUGE_PAGE_BYTES
+            out.append(ActionResult("damos_collapse", start, start + HUGE_PAGE_BYTES,
+                                    HUGE_PAGE_BYTES if ok else 0,
+                                    None if ok else "NOT_COLLAPSED", 0.0))
+        return out
+
+    def _install_schemes(self, decision: Decision) -> SchemeCommit | None:
+        if self.scheme_host is None:
+            return None
+        schemes = mark_schemes(decision.hugepage_marks, decision.nohugepage_marks)
+        pending = collapse_scheme(coalesce(self.pending_damos))
+        if pending is not None:
+            schemes.append(pending)
+        wanted = tuple(schemes)
+        if wanted == self.installed:
+            return None
+        self.fold_scheme_stats()  # a commit restarts the kernel's counters
+        t0 = time.monotonic()
+        error = None
+        try:
+            self.scheme_host.set_schemes(wanted)
+        except EnvironmentProblem:
+            raise
+        except DamonHpError as e:
+            if not self.scheme_host.is_running():
+                raise
+            # DAMON sysfs answers EBUSY while another reader holds its lock; the marks are
+            # retried at the next snapshot, since `installed` still differs from them.
+            error = str(e)
+        if error is None:
+            self.installed = wanted
+        return SchemeCommit({sc.action: sum(a.size for a in sc.addr_filters) for sc in wanted},
+                            error, time.monotonic() - t0)
+
+    def fold_scheme_stats(self) -> None:
+        """Add what the kdamond did with our installed schemes to `damos_totals`."""
+        if not self.installed or self.scheme_host is None:
+            return
+        try:
+            if not self.scheme_host.is_running():
+                return
+            stats = self.scheme_host.scheme_stats()
+        except DamonHpError:
+            return
+        for scheme, st in zip(self.installed, stats, strict=False):
+            total = self.damos_totals.setdefault(scheme.action, {"nr_applied": 0,
+                                                                 "sz_applied": 0})
+            total["nr_applied"] += st.nr_applied
+            total["sz_applied"] += st.sz_applied

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import mmap
 import os
@@ -24,12 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import kconfig
-from .damon import sysfs as damon_sysfs
+from . import damon, kconfig
 from .errors import EnvironmentProblem
+from .ranges import HUGE_PAGE_BYTES
 
 OK, LIMITED, MISSING = "OK", "LIMITED", "MISSING"
-HUGE = 2 << 20
 MADV_COLLAPSE = 25
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 VM_HINT = "in the test VM: make vm-run CMD='.venv/bin/damon-hp doctor'"
@@ -75,6 +75,9 @@ class Facts:
     tracefs: dict[str, Any]
     btf: bool
     pmu: dict[str, Any] = field(default_factory=dict)
+    foreign: dict[str, Any] = field(default_factory=dict)
+    """per running kdamond not ours (by index): its intervals and scheme actions, for the
+    passive source"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,10 +105,10 @@ def _errname(code: int) -> str:
 def _scratch_huge_range():
     """An anonymous mapping with one 2 MiB-aligned 2 MiB range in it, untouched; yields
     (mmap object, offset of the aligned range, its address)."""
-    m = mmap.mmap(-1, 2 * HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m = mmap.mmap(-1, 2 * HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         base = ctypes.addressof(ctypes.c_char.from_buffer(m))
-        off = (-base) % HUGE
+        off = (-base) % HUGE_PAGE_BYTES
         yield m, off, base + off
     finally:
         with contextlib.suppress(BufferError):
@@ -116,7 +119,7 @@ def probe_madv_collapse() -> str:
     """madvise(MADV_COLLAPSE) on 2 MiB of doctor's own scratch memory: "ok" or errno name."""
     with _scratch_huge_range() as (m, off, addr):
         m[off] = 1  # MADV_COLLAPSE needs at least one resident page in the range
-        rc = _libc.madvise(ctypes.c_void_p(addr), HUGE, MADV_COLLAPSE)
+        rc = _libc.madvise(ctypes.c_void_p(addr), HUGE_PAGE_BYTES, MADV_COLLAPSE)
         return "ok" if rc == 0 else _errname(ctypes.get_errno())
 
 
@@ -146,7 +149,7 @@ def probe_process_madvise() -> str:
             except EnvironmentProblem:
                 return "ESRCH"
             with target:
-                rc = actuate.process_madvise(target, addr, HUGE, MADV_COLLAPSE)
+                rc = actuate.process_madvise(target, addr, HUGE_PAGE_BYTES, MADV_COLLAPSE)
             return "ok" if rc >= 0 else _errname(-rc)
         finally:
             os.close(done_w)
@@ -249,14 +252,23 @@ def gather(wants: list[kconfig.Want]) -> Facts:
         cap_eff=read_cap_eff(),
         kconfig_source=cfg.source if cfg else None,
         kconfig={n: cfg.value(n) for n in sorted(names)} if cfg else {},
-        damon=damon_sysfs.probe().to_dict(),
+        damon=damon.probe().to_dict(),
         thp=read_thp(),
         madv_collapse=probe_madv_collapse(),
         process_madvise=probe_process_madvise(),
         tracefs=read_tracefs(),
         btf=Path("/sys/kernel/btf/vmlinux").exists(),
         pmu=probe_pmu(),
+        foreign=read_foreign_kdamonds(),
     )
+
+
+def read_foreign_kdamonds() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in damon.probe().foreign_running:
+        out[str(k.index)] = {"intervals_us": damon.read_intervals(k.index),
+                             "schemes": damon.probe_schemes(k.index)}
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,7 +276,7 @@ def gather(wants: list[kconfig.Want]) -> Facts:
 
 
 def check_kernel(release: str, features: dict[str, bool]) -> Check:
-    ver = damon_sysfs.kernel_version(release)
+    ver = damon.kernel_version(release)
     collapse = ("DAMOS collapse action available" if features.get("collapse_action")
                 else "no DAMOS collapse action (7.2+): promotion uses "
                      "process_madvise(MADV_COLLAPSE)")
@@ -306,7 +318,7 @@ def check_config(source: str | None, values: dict[str, str],
     return [summary, *out]
 
 
-def check_damon(status: damon_sysfs.DamonStatus) -> list[Check]:
+def check_damon(status: damon.DamonStatus) -> list[Check]:
     if not status.sysfs_present:
         return [Check("damon sysfs", MISSING, "/sys/kernel/mm/damon/admin does not exist",
                       "boot a kernel with CONFIG_DAMON_SYSFS=y; " + VM_HINT)]
@@ -323,22 +335,24 @@ def check_damon(status: damon_sysfs.DamonStatus) -> list[Check]:
     elif "vaddr" in status.avail_ops:
         out.append(Check("damon ops", OK, f"{ops} {src}"))
     else:
-        out.append(Check("damon ops", MISSING, f"only {ops} {src}: damon-hp monitors a process "
-                         "through the vaddr operations set",
-                         "boot a kernel with CONFIG_DAMON_VADDR=y; " + VM_HINT))
+        out.append(Check("damon ops", LIMITED, f"only {ops} {src}: no vaddr, so damon-hp reads "
+                         "physical regions and maps them back (paddr or passive source), and "
+                         "cannot mark ranges MADV_HUGEPAGE/NOHUGEPAGE through DAMOS",
+                         "boot a kernel with CONFIG_DAMON_VADDR=y for the vaddr source; "
+                         + VM_HINT))
     for k in status.kdamonds:
         ops_k = ",".join(k.ops) or "none"
         where = f"pid {k.pid}, " if k.pid else ""
         state = "running" if k.running else "idle"
         base = f"{state}, {where}ops {ops_k}"
-        if k.owner == damon_sysfs.OWNER_DAMON_HP:
+        if k.owner == damon.OWNER_DAMON_HP:
             out.append(Check(f"kdamond {k.index}", OK, f"{base}, started by damon-hp agent pid "
                              f"{k.agent_pid} (targets {list(k.target_pids)})"))
-        elif k.owner == damon_sysfs.OWNER_STALE:
+        elif k.owner == damon.OWNER_STALE:
             out.append(Check(f"kdamond {k.index}", LIMITED, f"{base}, started by damon-hp agent "
                              f"pid {k.agent_pid}, which is gone",
                              "the next damon-hp run stops and clears it"))
-        elif k.owner == damon_sysfs.OWNER_NONE:
+        elif k.owner == damon.OWNER_NONE:
             out.append(Check(f"kdamond {k.index}", OK, f"{base}, empty (no context)"))
         else:
             out.append(Check(f"kdamond {k.index}", LIMITED,
@@ -348,18 +362,74 @@ def check_damon(status: damon_sysfs.DamonStatus) -> list[Check]:
     return out
 
 
-def check_new_kdamond(status: damon_sysfs.DamonStatus) -> Check:
+def check_sources(status: damon.DamonStatus, tracefs: dict[str, Any],
+                  foreign: dict[str, Any]) -> list[Check]:
+    """One line per access source (vaddr, paddr, passive): works here, or why not.
+
+    A source that does not work is LIMITED while another one does; MISSING when none does.
+    """
+    found: list[tuple[str, str | None, str]] = []  # (name, refusal or None, detail)
+    stream = bool(tracefs.get("damon_aggregated"))
+    # A start first stops kdamonds left by dead agents: judge as if they were gone.
+    after_reclaim = dataclasses.replace(status, kdamonds=tuple(
+        dataclasses.replace(k, state="off", pid=None) if k.owner == damon.OWNER_STALE else k
+        for k in status.kdamonds))
+    for ops in ("vaddr", "paddr"):
+        try:
+            plan = damon.plan_start(after_reclaim, ops)
+        except EnvironmentProblem as e:
+            found.append((ops, str(e).removeprefix("damon-hp: "), ""))
+            continue
+        reader = "event stream" if stream else "tried_regions (no damon_aggregated events)"
+        if ops == "paddr" and not stream:
+            found.append((ops, "needs the damon:damon_aggregated tracepoint (tracefs)", ""))
+            continue
+        found.append((ops, None, f"a kdamond of damon-hp's in dir {plan.index}, read by "
+                      f"{reader}"))
+    candidates = [k for k in status.foreign_running if k.ops and k.ops[0] == "paddr"]
+    if not stream:
+        found.append(("passive", "needs the damon:damon_aggregated tracepoint (mount tracefs)",
+                      ""))
+    elif not candidates:
+        found.append(("passive", "no running paddr kdamond that damon-hp did not start", ""))
+    else:
+        k = candidates[0]
+        info = foreign.get(str(k.index), {})
+        iv = info.get("intervals_us") or [0, 0, 0]
+        schemes = ", ".join(info.get("schemes") or []) or "none"
+        found.append(("passive", None,
+                      f"reads {k.describe()}: sample {iv[0] / 1000:g} ms, aggregation "
+                      f"{iv[1] / 1000:g} ms, its schemes: {schemes} (never changed); a hot set "
+                      "shows after up to two aggregations; promotion by collapse only"))
+    chosen = next((n for n, r, _ in found if r is None), None)
+    checks = []
+    for name, refusal, detail in found:
+        if refusal is None:
+            checks.append(Check(f"source {name}", OK, detail))
+        elif chosen == "vaddr":  # the best source works: the others are not needed
+            checks.append(Check(f"source {name}", OK, f"not needed here (vaddr works); "
+                                f"unavailable: {refusal}"))
+        else:
+            checks.append(Check(f"source {name}", LIMITED if chosen else MISSING,
+                                f"unavailable: {refusal}", "" if chosen else VM_HINT))
+    checks.append(Check("source", OK if chosen else MISSING,
+                        f"--source auto takes {chosen}" if chosen else
+                        "no access source works here", "" if chosen else VM_HINT))
+    return checks
+
+
+def check_new_kdamond(status: damon.DamonStatus) -> Check:
     running = status.running
-    if running and all(k.owner == damon_sysfs.OWNER_STALE for k in running):
+    if running and all(k.owner == damon.OWNER_STALE for k in running):
         return Check("new kdamond", LIMITED, "not until the kdamond(s) left by a dead damon-hp "
                      "agent stop", "damon-hp stops them itself when it starts")
     try:
-        plan = damon_sysfs.plan_placement(status)
+        plan = damon.plan_placement(status)
     except EnvironmentProblem as e:
         fix = ("leave it running if it is not yours; " + VM_HINT if status.foreign_running
                else "")
-        return Check("new kdamond", MISSING, "cannot add one now: " +
-                     str(e).removeprefix("damon-hp: "), fix)
+        return Check("new kdamond", LIMITED if status.foreign_running else MISSING,
+                     "cannot add one now: " + str(e).removeprefix("damon-hp: "), fix)
     how = (f"kdamond dir {plan.index} will be created" if plan.set_nr_kdamonds is not None
            else f"idle kdamond dir {plan.index} will be reused")
     return Check("new kdamond", OK, f"can add one now ({how}; nothing was written to check)")
@@ -461,11 +531,12 @@ def check_privileges(euid: int, cap_eff: int) -> list[Check]:
 
 
 def evaluate(facts: Facts, wants: list[kconfig.Want]) -> list[Check]:
-    status = damon_sysfs.DamonStatus.from_dict(facts.damon)
+    status = damon.DamonStatus.from_dict(facts.damon)
     return [
         check_kernel(facts.release, status.features),
         *check_config(facts.kconfig_source, facts.kconfig, wants),
         *check_damon(status),
+        *check_sources(status, facts.tracefs, facts.foreign),
         check_thp(facts.thp),
         check_madv_collapse(facts.madv_collapse),
         check_process_madvise(facts.process_madvise),

@@ -44,7 +44,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-HUGE_PAGE_BYTES = 2 << 20
+from damon_hp.ranges import (
+    HUGE_PAGE_BYTES,
+    AddrRange,
+    coalesce,
+    huge_starts,
+    inside_any,
+    intersect,
+    merge_adjacent,
+)
+
 MIB = 1 << 20
 
 
@@ -154,18 +163,6 @@ class PolicyParams:
             raise ValueError("collapse_bytes_per_s and collapse_burst_s must be positive")
 
 
-@dataclass(frozen=True, order=True)
-class Span:
-    """A byte range [start, end) of the target's virtual address space."""
-
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-
 @dataclass(frozen=True)
 class PolicyState:
     """What the policy remembers between snapshots. Treat as immutable: functions return a new one.
@@ -205,16 +202,16 @@ class Decision:
     taken_at_s: float
     hot_bytes: int
     """bytes of the regions that were hot in this snapshot (not aligned)"""
-    hot_regions: tuple[Span, ...]
+    hot_regions: tuple[AddrRange, ...]
     hot_ranges: tuple[int, ...]
     """2 MiB ranges fully covered by hot spans, in address order"""
     promote: tuple[int, ...]
     """ranges to collapse now, best first"""
     demote: tuple[int, ...]
     """promoted ranges that went cold: add them to the MADV_NOHUGEPAGE marks"""
-    hugepage_marks: tuple[Span, ...]
+    hugepage_marks: tuple[AddrRange, ...]
     """the full set of ranges the MADV_HUGEPAGE scheme must cover after this decision"""
-    nohugepage_marks: tuple[Span, ...]
+    nohugepage_marks: tuple[AddrRange, ...]
     """the full set of ranges the MADV_NOHUGEPAGE scheme must cover after this decision"""
     held_by_budget: int = 0
     """ready ranges not promoted because of the budget"""
@@ -228,51 +225,6 @@ def access_pct(nr_accesses: int, max_nr_accesses: int) -> float:
     if max_nr_accesses <= 0:
         return 0.0
     return min(100.0, 100.0 * nr_accesses / max_nr_accesses)
-
-
-def align_up(addr: int) -> int:
-    return -(-addr // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
-
-
-def align_down(addr: int) -> int:
-    return addr // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
-
-
-def aligned_ranges(span: Span) -> list[int]:
-    """Starts of the 2 MiB-aligned ranges that lie completely inside `span`."""
-    return list(range(align_up(span.start), align_down(span.end), HUGE_PAGE_BYTES))
-
-
-def coalesce(starts: Iterable[int]) -> tuple[Span, ...]:
-    """Turn 2 MiB range starts into the fewest contiguous spans."""
-    spans: list[Span] = []
-    for start in sorted(set(starts)):
-        if spans and spans[-1].end == start:
-            spans[-1] = Span(spans[-1].start, start + HUGE_PAGE_BYTES)
-        else:
-            spans.append(Span(start, start + HUGE_PAGE_BYTES))
-    return tuple(spans)
-
-
-def merge_adjacent(spans: Iterable[Span]) -> list[Span]:
-    """Merge touching or overlapping spans."""
-    merged: list[Span] = []
-    for span in sorted(spans):
-        if merged and span.start <= merged[-1].end:
-            merged[-1] = Span(merged[-1].start, max(merged[-1].end, span.end))
-        else:
-            merged.append(span)
-    return merged
-
-
-def _intersect(spans: Sequence[Span], limits: Sequence[Span]) -> list[Span]:
-    out = []
-    for s in spans:
-        for lim in limits:
-            start, end = max(s.start, lim.start), min(s.end, lim.end)
-            if start < end:
-                out.append(Span(start, end))
-    return out
 
 
 @dataclass(frozen=True)
@@ -311,12 +263,12 @@ def _range_heat(snapshot: SnapshotLike, starts: Iterable[int]) -> dict[int, _Ran
     return heat
 
 
-def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[Span]:
+def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[AddrRange]:
     """Regions that pass both the access-frequency and the age threshold."""
     max_acc = snapshot.max_nr_accesses
     aggr_s = snapshot.aggr_us / 1e6
     return sorted(
-        Span(r.start, r.end)
+        AddrRange(r.start, r.end)
         for r in snapshot.regions
         if access_pct(r.nr_accesses, max_acc) >= params.hot_access_pct
         and r.age * aggr_s >= params.min_hot_age_s
@@ -324,7 +276,9 @@ def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[Span]:
     )
 
 
-def _dominant_part(region: Span, mappings: Sequence[Span], share_pct: float) -> Span | None:
+def _dominant_part(
+    region: AddrRange, mappings: Sequence[AddrRange], share_pct: float
+) -> AddrRange | None:
     """The part of `region` inside the mapping holding at least `share_pct` of it, or None.
 
     DAMON samples one random page of a region, so a region spanning a hot and an idle mapping
@@ -337,7 +291,7 @@ def _dominant_part(region: Span, mappings: Sequence[Span], share_pct: float) -> 
     for m in mappings:
         start, end = max(region.start, m.start), min(region.end, m.end)
         if end > start and (best is None or end - start > best.size):
-            best = Span(start, end)
+            best = AddrRange(start, end)
     if best is None or 100 * best.size < share_pct * region.size:
         return None
     return best
@@ -352,18 +306,13 @@ def _budget_bytes(params: PolicyParams, rss_bytes: int | None) -> int | None:
     return min(limits) if limits else None
 
 
-def _inside_any(start: int, mappings: Sequence[Span]) -> bool:
-    end = start + HUGE_PAGE_BYTES
-    return any(m.start <= start and end <= m.end for m in mappings)
-
-
 def decide(
     snapshot: SnapshotLike,
     state: PolicyState,
     params: PolicyParams,
     *,
     rss_bytes: int | None = None,
-    mappings: Sequence[Span] | None = None,
+    mappings: Sequence[AddrRange] | None = None,
     thp_mode: str = "never",
 ) -> tuple[Decision, PolicyState]:
     """Decide what to promote and demote after `snapshot`; return the decision and next state.
@@ -387,12 +336,12 @@ def decide(
         # A region that straddles mappings counts only for one holding nearly all of it (see
         # _dominant_part); mappings are not merged: a huge page cannot cross a VMA boundary.
         owned = (_dominant_part(r, maps, params.mapping_share_pct) for r in regions_hot)
-        spans = _intersect(merge_adjacent(p for p in owned if p is not None), maps)
+        spans = intersect(merge_adjacent(p for p in owned if p is not None), maps)
         spans = [s for s in spans if s.size > 0]
     hot_set: list[int] = []
     span_of: dict[int, int] = {}
     for span in spans:
-        for start in aligned_ranges(span):
+        for start in huge_starts(span):
             hot_set.append(start)
             span_of[start] = span.size
     hot_set.sort()
@@ -405,9 +354,9 @@ def decide(
     remarked = dict(state.remarked)
     if mappings is not None:
         for table in (promoted, remarked):
-            for start in [s for s in table if not _inside_any(s, mappings)]:
+            for start in [s for s in table if not inside_any(s, mappings)]:
                 del table[start]
-        demoted = {s for s in demoted if _inside_any(s, mappings)}
+        demoted = {s for s in demoted if inside_any(s, mappings)}
 
     # Hysteresis up: count the hot snapshots of each range's streak and since when it runs. A
     # streak survives `promote_grace_snapshots` misses in a row (a zero draw of a randomly read

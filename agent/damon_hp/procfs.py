@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from damon_hp.errors import DamonHpError
+from damon_hp.ranges import AddrRange
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -54,6 +55,10 @@ class Mapping:
     @property
     def size(self) -> int:
         return self.end - self.start
+
+    @property
+    def range(self) -> AddrRange:
+        return AddrRange(self.start, self.end)
 
     @property
     def anonymous_private(self) -> bool:
@@ -145,7 +150,7 @@ class RangeMemory:
     anon_huge_bytes: int
 
 
-def smaps_in_ranges(maps: Sequence[Mapping], ranges: Iterable[tuple[int, int]]) -> RangeMemory:
+def smaps_in_ranges(maps: Sequence[Mapping], ranges: Iterable[AddrRange]) -> RangeMemory:
     """Rss and AnonHugePages of the VMAs inside `ranges` (from `read_smaps`).
 
     smaps counts per VMA, so for a VMA only partly inside a range this is an upper bound: the
@@ -153,9 +158,9 @@ def smaps_in_ranges(maps: Sequence[Mapping], ranges: Iterable[tuple[int, int]]) 
     is exact for any range.
     """
     rss = huge = 0
-    for lo, hi in ranges:
+    for r in ranges:
         for m in maps:
-            overlap = min(m.end, hi) - max(m.start, lo)
+            overlap = r.overlap(m.range)
             if overlap > 0:
                 rss += min(m.counter("Rss"), overlap)
                 huge += min(m.counter("AnonHugePages"), overlap)
@@ -284,7 +289,7 @@ class PagemapScanUnsupported(DamonHpError):
     """The kernel has no PAGEMAP_SCAN ioctl (before 6.7)."""
 
 
-def huge_bytes_in(pid: int, ranges: Iterable[tuple[int, int]]) -> int:
+def huge_bytes_in(pid: int, ranges: Iterable[AddrRange]) -> int:
     """Bytes of `ranges` of `pid` mapped by PMD huge pages (THP or hugetlb), from PAGEMAP_SCAN."""
     path = f"/proc/{pid}/pagemap"
     try:
@@ -297,19 +302,17 @@ def huge_bytes_in(pid: int, ranges: Iterable[tuple[int, int]]) -> int:
         os.close(fd)
 
 
-def _scan_huge(fd: int, path: str, ranges: Iterable[tuple[int, int]]) -> int:
-    return sum(hi - lo for lo, hi in _scan_huge_regions(fd, path, ranges))
+def _scan_huge(fd: int, path: str, ranges: Iterable[AddrRange]) -> int:
+    return sum(r.size for r in _scan_huge_regions(fd, path, ranges))
 
 
-def _scan_huge_regions(
-    fd: int, path: str, ranges: Iterable[tuple[int, int]]
-) -> list[tuple[int, int]]:
-    """The parts of `ranges` mapped by PMD huge pages, as (start, end) pairs."""
+def _scan_huge_regions(fd: int, path: str, ranges: Iterable[AddrRange]) -> list[AddrRange]:
+    """The parts of `ranges` mapped by PMD huge pages."""
     vec = (_PageRegion * _SCAN_BATCH)()
-    found: list[tuple[int, int]] = []
+    found: list[AddrRange] = []
     total = 0
-    for lo, hi in ranges:
-        start = lo
+    for rng in ranges:
+        start, hi = rng.start, rng.end
         while start < hi:
             arg = _PmScanArg(
                 size=ctypes.sizeof(_PmScanArg),
@@ -332,7 +335,7 @@ def _scan_huge_regions(
                     raise ProcessGone(f"{path}: the process has exited") from e
                 raise
             for i in range(n):
-                found.append((vec[i].start, vec[i].end))
+                found.append(AddrRange(vec[i].start, vec[i].end))
                 total += vec[i].end - vec[i].start
             if arg.walk_end <= start:
                 break
@@ -414,10 +417,10 @@ class ProcessFiles:
     def stat(self) -> Stat:
         return parse_stat(self._text("stat"))
 
-    def huge_bytes_in(self, ranges: Iterable[tuple[int, int]]) -> int:
+    def huge_bytes_in(self, ranges: Iterable[AddrRange]) -> int:
         return _scan_huge(self._fd("pagemap"), f"/proc/{self.pid}/pagemap", ranges)
 
-    def huge_regions_in(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    def huge_regions_in(self, ranges: Iterable[AddrRange]) -> list[AddrRange]:
         """The parts of `ranges` mapped by PMD huge pages."""
         return _scan_huge_regions(self._fd("pagemap"), f"/proc/{self.pid}/pagemap", ranges)
 

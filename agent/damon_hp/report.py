@@ -10,7 +10,10 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from damon_hp.actuate import Applied
 
 REPORT_VERSION = 1
 
@@ -99,6 +102,8 @@ class RunReport:
     agent_cpu_s: float | None = None
     kdamond_cpu_s: float | None = None
     kdamond_pid: int | None = None
+    source: dict[str, Any] = field(default_factory=dict)
+    """the access source: name, why it was chosen, its kdamond, intervals, reader, limits"""
     snapshots: int = 0
     empty_snapshots: int = 0
     snapshot_errors: int = 0
@@ -151,6 +156,21 @@ class RunReport:
         if pte is not None:
             self.final_pte_bytes = pte
 
+    def record_applied(self, applied: Applied, t_s: float, entry: TimelineEntry) -> None:
+        """Fold what the actuator did after one snapshot into the totals and the action log."""
+        for r in (*applied.damos_collapses, *applied.collapses):
+            self.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds)
+        for r in applied.collapses:
+            entry.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds)
+        entry.collapse.already_huge += len(applied.adopted)
+        self.collapse.already_huge += len(applied.adopted)
+        self.demotions += len(applied.demotions)
+        self.demoted_bytes += sum(r.bytes_done for r in applied.demotions)
+        if applied.commit is not None:
+            entry.schemes_changed = applied.commit.error is None
+            self.scheme_errors += applied.commit.error is not None
+        self.actions.extend({"t_s": round(t_s, 3), **rec} for rec in applied.action_records())
+
     def summary_dict(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
@@ -165,6 +185,7 @@ class RunReport:
             "agent_cpu_s": _round(self.agent_cpu_s),
             "kdamond_cpu_s": _round(self.kdamond_cpu_s),
             "kdamond_pid": self.kdamond_pid,
+            "source": self.source,
             "snapshots": self.snapshots,
             "empty_snapshots": self.empty_snapshots,
             "snapshot_errors": self.snapshot_errors,
@@ -232,6 +253,7 @@ def format_table(r: RunReport) -> str:
     rows = [
         ("target", target),
         ("kernel, THP mode", f"{r.kernel}, {r.thp_mode}"),
+        ("access source", describe_source(r.source)),
         ("stopped by", stopped),
         ("wall time", fmt_seconds(r.wall_s)),
         ("target CPU time", fmt_seconds(r.target_cpu_s)),
@@ -254,6 +276,20 @@ def format_table(r: RunReport) -> str:
     lines = ["damon-hp summary"] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
     lines += [f"  note: {n}" for n in r.notes]
     return "\n".join(lines)
+
+
+def describe_source(src: dict[str, Any]) -> str:
+    """'passive: kdamond 0 (pid 77, paddr, not ours), sample 500 ms, aggregation 5 s, event
+    stream' -- one line naming where the access data comes from."""
+    if not src:
+        return "n/a"
+    parts = [f"{src.get('name')}: {src.get('kdamond') or 'no kdamond'}"]
+    if src.get("sample_us") and src.get("aggr_us"):
+        parts.append(f"sample {src['sample_us'] / 1000:g} ms, "
+                     f"aggregation {src['aggr_us'] / 1000:g} ms")
+    if src.get("reader"):
+        parts.append(str(src["reader"]))
+    return ", ".join(parts)
 
 
 def _extra_rows(extra: dict[str, Any]) -> list[tuple[str, str]]:

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 from damon_hp import actuate, procfs
-from damon_hp.errors import EnvironmentProblem
-from damon_hp.policy import HUGE_PAGE_BYTES, Span
+from damon_hp.damon.model import SchemeStats
+from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.policy import Decision
+from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
 
 CHILD = Path(__file__).with_name("memchild.py")
 
@@ -45,7 +47,7 @@ def child() -> Iterator[Child]:
 
 
 def anon_huge_bytes(pid: int, start: int, end: int) -> int:
-    return procfs.smaps_in_ranges(procfs.read_smaps(pid), [(start, end)]).anon_huge_bytes
+    return procfs.smaps_in_ranges(procfs.read_smaps(pid), [AddrRange(start, end)]).anon_huge_bytes
 
 
 def test_collapse_makes_populated_aligned_buffer_anon_huge(child: Child) -> None:
@@ -57,7 +59,8 @@ def test_collapse_makes_populated_aligned_buffer_anon_huge(child: Child) -> None
     assert sum(r.bytes_done for r in results) == child.end - child.start
     assert all(r.seconds >= 0 for r in results)
     assert anon_huge_bytes(child.pid, child.start, child.end) == child.end - child.start
-    assert procfs.huge_bytes_in(child.pid, [(child.start, child.end)]) == child.end - child.start
+    whole = AddrRange(child.start, child.end)
+    assert procfs.huge_bytes_in(child.pid, [whole]) == whole.size
 
 
 def test_collapse_touches_only_the_ranges_asked_for(child: Child) -> None:
@@ -65,13 +68,14 @@ def test_collapse_touches_only_the_ranges_asked_for(child: Child) -> None:
     with actuate.Target.open(child.pid) as target:
         results = actuate.collapse(target, chosen)
     assert all(r.error is None for r in results)
-    assert procfs.huge_bytes_in(child.pid, [(child.start, child.end)]) == 2 * HUGE_PAGE_BYTES
+    whole = AddrRange(child.start, child.end)
+    assert procfs.huge_bytes_in(child.pid, [whole]) == 2 * HUGE_PAGE_BYTES
     for start in chosen:
-        assert procfs.huge_bytes_in(child.pid, [(start, start + HUGE_PAGE_BYTES)]) == (
+        assert procfs.huge_bytes_in(child.pid, [AddrRange(start, start + HUGE_PAGE_BYTES)]) == (
             HUGE_PAGE_BYTES
         )
     untouched = child.start + 2 * HUGE_PAGE_BYTES
-    assert procfs.huge_bytes_in(child.pid, [(untouched, untouched + HUGE_PAGE_BYTES)]) == 0
+    assert procfs.huge_bytes_in(child.pid, [AddrRange(untouched, untouched + HUGE_PAGE_BYTES)]) == 0
 
 
 def test_collapse_of_nohugepage_memory_is_recorded_as_einval_not_raised() -> None:
@@ -127,8 +131,8 @@ def test_target_pinned_before_exit_reports_esrch_instead_of_touching_a_reused_pi
 
 
 def test_mark_schemes_limit_each_action_to_its_ranges() -> None:
-    huge = [Span(0x200000, 0x600000)]
-    nohuge = [Span(0x800000, 0xA00000), Span(0xC00000, 0xE00000)]
+    huge = [AddrRange(0x200000, 0x600000)]
+    nohuge = [AddrRange(0x800000, 0xA00000), AddrRange(0xC00000, 0xE00000)]
     schemes = actuate.mark_schemes(huge, nohuge)
     assert [s.action for s in schemes] == ["hugepage", "nohugepage"]
     assert [(a.start, a.end) for a in schemes[0].addr_filters] == [(0x200000, 0x600000)]
@@ -141,6 +145,82 @@ def test_mark_schemes_limit_each_action_to_its_ranges() -> None:
 def test_mark_schemes_leave_out_a_scheme_with_no_ranges() -> None:
     # An unfiltered scheme would madvise the whole address space.
     assert actuate.mark_schemes([], []) == []
-    assert [s.action for s in actuate.mark_schemes([], [Span(0, HUGE_PAGE_BYTES)])] == [
+    assert [s.action for s in actuate.mark_schemes([], [AddrRange(0, HUGE_PAGE_BYTES)])] == [
         "nohugepage"
     ]
+
+
+# -- the Actuator: one decision in, one record of what was applied out ---------------------
+
+
+class _SchemeHost:
+    """Stands in for our vaddr kdamond (none can run on this host): records what is installed,
+    and can answer a commit with DAMON's EBUSY."""
+
+    def __init__(self, busy: int = 0) -> None:
+        self.installed: list[tuple] = []
+        self.busy = busy
+
+    def set_schemes(self, schemes) -> None:
+        if self.busy:
+            self.busy -= 1
+            raise DamonHpError("damon-hp: writing 'commit' failed: Device or resource busy")
+        self.installed.append(tuple(schemes))
+
+    def scheme_stats(self):
+        return [SchemeStats(1, HUGE_PAGE_BYTES, 1, HUGE_PAGE_BYTES, 0)
+                for _ in self.installed[-1]]
+
+    def is_running(self) -> bool:
+        return True
+
+
+def _decision(promote=(), demote=(), huge_marks=(), nohuge_marks=()) -> Decision:
+    return Decision(taken_at_s=1.0, hot_bytes=0, hot_regions=(), hot_ranges=tuple(promote),
+                    promote=tuple(promote), demote=tuple(demote),
+                    hugepage_marks=tuple(huge_marks), nohugepage_marks=tuple(nohuge_marks))
+
+
+def test_actuator_collapses_adopts_what_is_huge_already_and_reports_each_outcome(
+        child: Child) -> None:
+    first, second = child.start, child.start + HUGE_PAGE_BYTES
+    with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
+        act = actuate.Actuator(target, files, None)
+        one = act.apply(_decision(promote=[first]), 1.0)
+        assert [r.error for r in one.collapses] == [None] and one.adopted == ()
+        # `first` is PMD-mapped now: chosen again, it is adopted without a collapse call
+        two = act.apply(_decision(promote=[first, second]), 2.0)
+    assert two.adopted == (first,)
+    assert [r.start for r in two.collapses] == [second]
+    assert two.outcomes == {first: None, second: None}
+    assert [rec["action"] for rec in two.action_records()] == ["collapse"]
+    assert one.commit is None and act.marks_unavailable  # no kdamond of ours: no marks
+
+
+def test_actuator_in_dry_run_changes_nothing(child: Child) -> None:
+    with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
+        host = _SchemeHost()
+        act = actuate.Actuator(target, files, host, dry_run=True)
+        applied = act.apply(_decision(promote=[child.start], demote=[child.start]), 1.0)
+        assert applied.outcomes == {} and applied.action_records() == []
+        assert host.installed == []
+        assert files.huge_bytes_in([AddrRange(child.start, child.end)]) == 0
+
+
+def test_actuator_installs_marks_once_and_retries_a_busy_commit(child: Child) -> None:
+    huge = AddrRange(child.start, child.start + HUGE_PAGE_BYTES)
+    with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
+        host = _SchemeHost(busy=1)
+        act = actuate.Actuator(target, files, host)
+        d = _decision(demote=[child.start], nohuge_marks=[huge])
+        busy = act.apply(d, 1.0)
+        assert busy.commit is not None and "busy" in (busy.commit.error or "")
+        assert host.installed == [] and act.installed == ()
+        again = act.apply(_decision(nohuge_marks=[huge]), 2.0)
+        assert again.commit is not None and again.commit.error is None
+        assert [s.action for s in host.installed[0]] == ["nohugepage"]
+        # unchanged marks: nothing to commit
+        assert act.apply(_decision(nohuge_marks=[huge]), 3.0).commit is None
+        act.fold_scheme_stats()
+    assert [r.action for r in busy.demotions] == ["nohugepage"]
+    assert act.damos_totals == {"nohugepage": {"nr_applied": 1, "sz_applied": HUGE_PAGE_BYTES}}

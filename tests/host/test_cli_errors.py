@@ -65,6 +65,10 @@ def test_attach_with_a_malformed_pid_exits_2(bad: str) -> None:
         (["attach", "--demote-after", "-3", "1"], "not a non-negative number"),
         (["run"], "no command given"),
         (["run", "--", "/nonexistent/program"], "command not found"),
+        (["run", "--source", "bogus", "--", "true"], "is not a source"),
+        (["run", "--source", "vaddr=7", "--", "true"], "only passive takes a kdamond pid"),
+        (["run", "--source", "passive=x", "--", "true"], "is not a kdamond pid"),
+        (["run", "--source", "passive=999999", "--", "true"], "no running kdamond has pid"),
     ],
 )
 def test_bad_flags_and_commands_exit_2_with_a_message(args: list[str], message: str) -> None:
@@ -75,12 +79,13 @@ def test_bad_flags_and_commands_exit_2_with_a_message(args: list[str], message: 
 
 
 @pytest.mark.skipif(not ADMIN.is_dir(), reason="this host has no DAMON sysfs")
-def test_run_on_this_hosts_damon_exits_2_says_why_and_points_to_the_vm() -> None:
+def test_run_with_a_source_this_hosts_damon_cannot_give_exits_2_and_points_to_the_vm() -> None:
     before = kdamond_states()
-    r = damon_hp("run", "--", "true")
-    assert r.returncode == 2
-    assert "vaddr" in r.stderr or "busy" in r.stderr
-    assert "make vm-run CMD='.venv/bin/damon-hp run -- true'" in r.stderr
+    for source in ("vaddr", "paddr"):
+        r = damon_hp("run", "--source", source, "--", "true")
+        assert r.returncode == 2, r.stderr
+        assert "busy" in r.stderr or "operations set" in r.stderr
+        assert f"make vm-run CMD='.venv/bin/damon-hp run --source {source} -- true'" in r.stderr
     assert kdamond_states() == before  # the foreign kdamond runs on, untouched
 
 
@@ -89,7 +94,7 @@ def test_attach_on_this_hosts_damon_exits_2_and_leaves_the_target_running() -> N
     before = kdamond_states()
     target = subprocess.Popen(["sleep", "60"])
     try:
-        r = damon_hp("attach", str(target.pid))
+        r = damon_hp("attach", "--source", "vaddr", str(target.pid))
         assert r.returncode == 2
         assert "make vm-run" in r.stderr
         time.sleep(0.1)
@@ -102,8 +107,8 @@ def test_attach_on_this_hosts_damon_exits_2_and_leaves_the_target_running() -> N
 
 def test_run_leaves_no_held_child_behind_when_it_refuses() -> None:
     # Whatever the reason for refusing, no forked child may survive the agent.
-    r = subprocess.run([*DAMON_HP, "run", "--", "sleep", "1234.5"], capture_output=True,
-                       text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run([*DAMON_HP, "run", "--source", "vaddr", "--", "sleep", "1234.5"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2
     ps = subprocess.run(["pgrep", "-f", "sleep 1234.5"], capture_output=True, text=True)
     assert ps.stdout.strip() == ""

@@ -62,36 +62,42 @@ def host_damon() -> list[tuple[int, int, str]]:
     return running
 
 
-def test_doctor_json_on_host_exits_2_naming_vaddr_foreign_kdamond_and_no_pmu(host_damon):
+def test_doctor_json_on_host_names_the_passive_source_the_foreign_kdamond_and_no_pmu(
+        host_damon):
     p = subprocess.run([str(DAMON_HP), "doctor", "--json"], capture_output=True, text=True,
                        timeout=120)
     report = json.loads(p.stdout)
     checks = {c["name"]: c for c in report["checks"]}
-    assert p.returncode == 2 and report["exit_code"] == 2
-    assert checks["damon ops"]["status"] == "MISSING"
+    assert p.returncode == 1 and report["exit_code"] == 1
+    assert checks["damon ops"]["status"] == "LIMITED"
     assert "only paddr" in checks["damon ops"]["detail"]
     for index, pid, ops in host_damon:
         line = checks[f"kdamond {index}"]
         assert f"pid {pid}" in line["detail"] and f"ops {ops}" in line["detail"]
         assert "NOT started by damon-hp" in line["detail"]
-    assert checks["new kdamond"]["status"] == "MISSING"
+    assert checks["new kdamond"]["status"] == "LIMITED"
     assert "nr_kdamonds is locked" in checks["new kdamond"]["detail"]
+    index, pid, ops = host_damon[0]
+    passive = checks["source passive"]
+    assert passive["status"] == "OK" and f"pid {pid}" in passive["detail"]
+    assert checks["source"]["detail"] == "--source auto takes passive"
+    assert checks["source vaddr"]["status"] == checks["source paddr"]["status"] == "LIMITED"
     assert checks["pmu"]["status"] == "LIMITED" and "no PMU" in checks["pmu"]["detail"]
-    assert report["verdict"].startswith("damon-hp cannot run here")
+    assert report["verdict"].startswith("damon-hp can run here, with limits")
 
 
 def test_doctor_human_output_has_the_lines_and_verdict(host_damon):
     p = subprocess.run([str(DAMON_HP), "doctor"], capture_output=True, text=True, timeout=120)
     out = p.stdout
-    assert p.returncode == 2
+    assert p.returncode == 1
     index, pid, ops = host_damon[0]
     lines = out.splitlines()
-    assert any(ln.startswith("MISSING  damon ops") and "only paddr" in ln for ln in lines)
+    assert any(ln.startswith("LIMITED  damon ops") and "only paddr" in ln for ln in lines)
     assert any(ln.startswith(f"LIMITED  kdamond {index}") and f"pid {pid}" in ln
                for ln in lines)
-    assert any(ln.startswith("MISSING  new kdamond") for ln in lines)
+    assert any(ln.startswith("OK       source passive") and f"pid {pid}" in ln for ln in lines)
     assert any(ln.startswith("LIMITED  pmu") and "n/a (no PMU)" in ln for ln in lines)
-    assert lines[-1].startswith("damon-hp cannot run here") and lines[-1].endswith("(exit 2)")
+    assert lines[-1].startswith("damon-hp can run here") and lines[-1].endswith("(exit 1)")
 
 
 def test_doctor_changes_nothing_in_damon_sysfs_or_thp_settings(host_damon):

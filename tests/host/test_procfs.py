@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from damon_hp import actuate, procfs
-from damon_hp.policy import HUGE_PAGE_BYTES
+from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
 
 CHILD = Path(__file__).with_name("memchild.py")
 
@@ -27,7 +27,7 @@ def child():
 
 def test_smaps_shows_the_populated_buffer_as_resident_and_not_huge(child) -> None:
     maps = procfs.read_smaps(child["pid"])
-    mem = procfs.smaps_in_ranges(maps, [(child["start"], child["end"])])
+    mem = procfs.smaps_in_ranges(maps, [AddrRange(child["start"], child["end"])])
     assert mem.rss_bytes == child["end"] - child["start"]
     assert mem.anon_huge_bytes == 0
     vma = next(m for m in maps if m.start <= child["start"] < m.end)
@@ -89,7 +89,7 @@ def test_readers_raise_process_gone_for_an_exited_process() -> None:
         with pytest.raises(procfs.ProcessGone):
             reader(proc.pid)
     with pytest.raises(procfs.ProcessGone):
-        procfs.huge_bytes_in(proc.pid, [(0, HUGE_PAGE_BYTES)])
+        procfs.huge_bytes_in(proc.pid, [AddrRange(0, HUGE_PAGE_BYTES)])
 
 
 def test_thp_mode_is_one_of_the_kernel_modes() -> None:
@@ -100,11 +100,11 @@ def test_process_files_rereads_are_fresh_after_collapse(child) -> None:
     size = child["end"] - child["start"]
     with procfs.ProcessFiles(child["pid"]) as files:
         assert files.rollup()["AnonHugePages"] == 0
-        assert files.huge_bytes_in([(child["start"], child["end"])]) == 0
+        assert files.huge_bytes_in([AddrRange(child["start"], child["end"])]) == 0
         with actuate.Target.open(child["pid"]) as target:
             actuate.collapse(target, range(child["start"], child["end"], HUGE_PAGE_BYTES))
         assert files.rollup()["AnonHugePages"] >= size
-        assert files.huge_bytes_in([(child["start"], child["end"])]) == size
+        assert files.huge_bytes_in([AddrRange(child["start"], child["end"])]) == size
         assert any(m.start <= child["start"] < m.end for m in files.maps())
         assert files.status().vm_rss >= size
 
@@ -156,7 +156,7 @@ def test_process_files_follow_the_process_through_exec() -> None:
         assert any(m.start <= info["start"] < m.end for m in after)
         assert not any(m.start <= info["start"] < m.end for m in before)
         assert files.rollup()["Rss"] >= info["end"] - info["start"]
-        assert files.huge_bytes_in([(info["start"], info["end"])]) == 0
+        assert files.huge_bytes_in([AddrRange(info["start"], info["end"])]) == 0
     finally:
         files.close()
         proc.stdin.close()

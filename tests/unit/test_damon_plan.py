@@ -22,7 +22,7 @@ from damon_hp.damon import (
     plan_placement,
     plan_start,
 )
-from damon_hp.damon.sysfs import _allow_ranges_as_reject_gaps
+from damon_hp.damon.kdamond import _allow_ranges_as_reject_gaps
 from damon_hp.errors import EnvironmentProblem
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -35,16 +35,24 @@ def judge(f: doctor.Facts) -> tuple[int, dict[str, doctor.Check]]:
     return doctor.exit_code(checks), {c.name: c for c in checks}
 
 
-def test_host_cannot_run_paddr_only_and_busy():
+def test_host_runs_passive_only_on_its_paddr_only_and_busy_damon():
     code, c = judge(host())
-    assert code == 2
-    assert c["damon ops"].status == "MISSING" and "only paddr" in c["damon ops"].detail
-    assert c["config DAMON_VADDR"].status == "MISSING"
+    assert code == 1
+    assert c["damon ops"].status == "LIMITED" and "only paddr" in c["damon ops"].detail
+    assert c["config DAMON_VADDR"].status == "LIMITED"
     foreign = host().damon["kdamonds"][0]
     k = c[f"kdamond {foreign['index']}"]
     assert "NOT started by damon-hp" in k.detail and f"pid {foreign['pid']}" in k.detail
-    assert c["new kdamond"].status == "MISSING" and "nr_kdamonds is locked" in c[
+    assert c["new kdamond"].status == "LIMITED" and "nr_kdamonds is locked" in c[
         "new kdamond"].detail
+    assert c["source"].status == "OK" and "takes passive" in c["source"].detail
+    passive = c["source passive"]
+    assert passive.status == "OK" and f"pid {foreign['pid']}" in passive.detail
+    assert "aggregation 5000 ms" in passive.detail and "pageout" in passive.detail
+    for name in ("vaddr", "paddr"):
+        assert c[f"source {name}"].status == "LIMITED"
+        assert "nr_kdamonds is locked" in c[f"source {name}"].detail
+    assert "only paddr" in c["source vaddr"].detail
     assert c["pmu"].status == "LIMITED" and "no PMU" in c["pmu"].detail
 
 
@@ -70,14 +78,27 @@ def test_vm_with_a_pmu_and_full_config_runs_with_everything():
     assert code == 0, [x.line() for x in c.values() if x.status != "OK"]
 
 
-def test_foreign_running_kdamond_makes_the_vm_unable_to_run():
+def test_foreign_running_paddr_kdamond_leaves_the_vm_the_passive_source():
     f = vm()
     f.damon = copy.deepcopy(f.damon)
     f.damon["kdamonds"] = [{"index": 0, "state": "on", "pid": 321, "ops": ["paddr"],
                             "target_pids": [0], "owner": "foreign", "agent_pid": None}]
+    f.foreign = {"0": {"intervals_us": [5000, 100000, 1000000], "schemes": []}}
+    code, c = judge(f)
+    assert code == 1
+    assert "kdamond 0 (pid 321, ops paddr)" in c["new kdamond"].detail
+    assert c["source passive"].status == "OK" and "takes passive" in c["source"].detail
+
+
+def test_no_source_at_all_cannot_run():
+    f = vm()
+    f.damon = copy.deepcopy(f.damon)
+    f.damon["kdamonds"] = [{"index": 0, "state": "on", "pid": 321, "ops": ["vaddr"],
+                            "target_pids": [9], "owner": "foreign", "agent_pid": None}]
     code, c = judge(f)
     assert code == 2
-    assert "kdamond 0 (pid 321, ops paddr)" in c["new kdamond"].detail
+    assert c["source"].status == "MISSING" and "vm-run" in c["source"].fix
+    assert "no running paddr kdamond" in c["source passive"].detail
 
 
 def test_kdamond_left_by_a_dead_agent_is_a_limit_not_a_blocker():

@@ -10,12 +10,12 @@ from damon_hp.experiment import workloads
 from damon_hp.experiment.measure import (
     _all_mapped,
     first_time_at_least,
-    huge_capable_bytes,
     peak,
     time_weighted_mean,
 )
 from damon_hp.experiment.policies import agent_metrics
 from damon_hp.experiment.progress import eta_seconds
+from damon_hp.ranges import AddrRange, huge_capable_bytes
 
 MiB = 2**20
 
@@ -45,16 +45,16 @@ def test_first_time_a_fraction_is_reached():
 
 def test_only_whole_aligned_huge_pages_count_as_huge_capable():
     two = 2 * MiB
-    assert huge_capable_bytes([(0, 4 * MiB)]) == 4 * MiB
+    assert huge_capable_bytes([AddrRange(0, 4 * MiB)]) == 4 * MiB
     # [1 MiB, 7 MiB): only [2, 6) MiB are whole aligned 2 MiB pages
-    assert huge_capable_bytes([(1 * MiB, 7 * MiB)]) == 2 * two
-    assert huge_capable_bytes([(1 * MiB, 3 * MiB)]) == 0
+    assert huge_capable_bytes([AddrRange(1 * MiB, 7 * MiB)]) == 2 * two
+    assert huge_capable_bytes([AddrRange(1 * MiB, 3 * MiB)]) == 0
 
 
 def test_hot_range_is_read_from_the_benchmarks_first_json_line():
     text = ('noise\n{"pid":12,"hot":{"start":4194304,"end":8388608},'
             '"cold":{"start":16777216,"end":33554432}}\n{"ops":1}\n')
-    assert workloads.hot_ranges(text) == [(4194304, 8388608)]
+    assert workloads.hot_ranges(text) == [AddrRange(4194304, 8388608)]
     assert workloads.hot_ranges('{"pid":1,"table":{"start":0,"end":4096}}\n') is None
     assert workloads.hot_ranges('{"hot": broken\n') is None
 
@@ -103,7 +103,7 @@ def test_water_layout_gives_var_and_each_threads_force_run_as_hot_ranges():
             '{"thread":0,"table":{"start":10,"end":20},"nodes":{"start":3000,"end":3500}},'
             '{"thread":1,"table":{"start":30,"end":40},"nodes":{"start":3500,"end":4000}}]}\n')
     assert workloads.hot_ranges("water_nsquared: warning\n" + line) == [
-        (1000, 2000), (3000, 3500), (3500, 4000)]
+        AddrRange(1000, 2000), AddrRange(3000, 3500), AddrRange(3500, 4000)]
     assert workloads.ground_truth_env("water_nsquared") == {"WATER_NSQUARED_JSON": "1"}
     assert workloads.ground_truth_env("hotcold") == {}
 
@@ -113,7 +113,7 @@ def _maps(*spans: tuple[int, int]) -> list[procfs.Mapping]:
 
 
 def test_a_hot_range_counts_as_mapped_only_while_every_byte_of_it_is():
-    hot = [(4 * MiB, 20 * MiB)]
+    hot = [AddrRange(4 * MiB, 20 * MiB)]
     assert _all_mapped(_maps((2 * MiB, 10 * MiB), (10 * MiB, 22 * MiB)), hot)
     # unmapped before exit (hotcold does this after its result line): no longer a measurement
     assert not _all_mapped(_maps((30 * MiB, 40 * MiB)), hot)

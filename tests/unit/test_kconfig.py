@@ -56,11 +56,12 @@ def test_builtin_or_module_both_satisfy_y_and_m():
 
 def test_project_fragment_lists_what_damon_hp_cannot_run_without():
     wants = {w.name: w for w in kconfig.load_fragment()}
-    for name in ("CONFIG_DAMON", "CONFIG_DAMON_VADDR", "CONFIG_DAMON_SYSFS",
+    for name in ("CONFIG_DAMON", "CONFIG_DAMON_SYSFS",
                  "CONFIG_TRANSPARENT_HUGEPAGE", "CONFIG_ADVISE_SYSCALLS",
                  "CONFIG_PROC_PAGE_MONITOR"):
         assert wants[name].required, name
-    for name in ("CONFIG_DAMON_PADDR", "CONFIG_TRANSPARENT_HUGEPAGE_MADVISE",
+    # vaddr or paddr will do: each is one access source (damon/sources.py)
+    for name in ("CONFIG_DAMON_VADDR", "CONFIG_DAMON_PADDR", "CONFIG_TRANSPARENT_HUGEPAGE_MADVISE",
                  "CONFIG_BPF_SYSCALL", "CONFIG_DEBUG_INFO_BTF", "CONFIG_PERF_EVENTS",
                  "CONFIG_TRACEPOINTS", "CONFIG_FTRACE", "CONFIG_MEMCG", "CONFIG_SWAP",
                  "CONFIG_ZRAM"):

@@ -12,18 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from damon_hp.damon.model import AddrRange, Recording, Snapshot
-from damon_hp.policy import HUGE_PAGE_BYTES as H
+from damon_hp.damon.model import Recording, Snapshot
 from damon_hp.policy import (
     Decision,
     PolicyParams,
     PolicyState,
-    Span,
     access_pct,
     decide,
-    merge_adjacent,
     record_outcomes,
 )
+from damon_hp.ranges import HUGE_PAGE_BYTES as H
+from damon_hp.ranges import AddrRange, merge_adjacent
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # The agent's own dry-run recording with THP `never` (hot buffer on 4 KiB pages, weak signal)
@@ -42,8 +41,8 @@ def load(name: str) -> Recording:
     return rec
 
 
-def spans(*ranges: AddrRange) -> list[Span]:
-    return [Span(r.start, r.end) for r in ranges]
+def spans(*ranges: AddrRange) -> list[AddrRange]:
+    return list(ranges)
 
 
 def inside(start: int, r: AddrRange) -> bool:
@@ -67,7 +66,7 @@ class Replay:
 def replay(
     snaps: tuple[Snapshot, ...] | list[Snapshot],
     params: PolicyParams,
-    mappings: list[Span] | None = None,
+    mappings: list[AddrRange] | None = None,
     rss_bytes: int | None = None,
     thp_mode: str = "never",
 ) -> Replay:
@@ -133,7 +132,7 @@ def test_every_hot_region_passes_both_thresholds_and_no_passing_region_is_left_o
     for snap in rec.snapshots:
         d, _ = decide(snap, PolicyState(), params)
         passing = {
-            Span(r.start, r.end) for r in snap.regions
+            AddrRange(r.start, r.end) for r in snap.regions
             if access_pct(r.nr_accesses, snap.max_nr_accesses) >= 10 and snap.age_s(r) >= 0.8
         }
         assert set(d.hot_regions) == passing

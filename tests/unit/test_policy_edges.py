@@ -6,10 +6,11 @@ The snapshots here are hand-made; the behaviour on real DAMON data is in test_po
 
 from __future__ import annotations
 
-from damon_hp import policy
+from damon_hp import ranges
 from damon_hp.damon.model import Region, Snapshot
-from damon_hp.policy import HUGE_PAGE_BYTES as H
-from damon_hp.policy import PolicyParams, PolicyState, Span, decide, record_outcomes
+from damon_hp.policy import PolicyParams, PolicyState, decide, record_outcomes
+from damon_hp.ranges import HUGE_PAGE_BYTES as H
+from damon_hp.ranges import AddrRange
 
 BASE = 0x7F0000000000  # 2 MiB aligned
 
@@ -46,14 +47,14 @@ def test_range_straddling_a_hot_and_a_cold_region_is_not_chosen() -> None:
 
 def test_range_crossing_two_mappings_is_not_chosen_even_when_hot() -> None:
     s = snap(0.0, (0, H + 4096, 20), (H + 4096, 4 * H, 20))
-    mappings = [Span(BASE, BASE + H + 4096), Span(BASE + H + 4096, BASE + 4 * H)]
+    mappings = [AddrRange(BASE, BASE + H + 4096), AddrRange(BASE + H + 4096, BASE + 4 * H)]
     d, _ = decide(s, PolicyState(), PARAMS, mappings=mappings)
     assert d.hot_ranges == (BASE, BASE + 2 * H, BASE + 3 * H)
 
 
 def test_hot_region_straddling_mappings_counts_only_for_one_holding_nearly_all_of_it() -> None:
     # DAMON has not split these regions at the boundary yet: their accesses may be either part's.
-    idle, busy = Span(BASE, BASE + 3 * H), Span(BASE + 3 * H, BASE + 40 * H)
+    idle, busy = AddrRange(BASE, BASE + 3 * H), AddrRange(BASE + 3 * H, BASE + 40 * H)
     blend = snap(0.0, (0, 10 * H, 20))  # 30 % idle, 70 % busy: evidence for neither
     d, _ = decide(blend, PolicyState(), PARAMS, mappings=[idle, busy])
     assert d.hot_ranges == ()
@@ -64,7 +65,7 @@ def test_hot_region_straddling_mappings_counts_only_for_one_holding_nearly_all_o
 
 def test_hot_region_outside_every_mapping_yields_nothing() -> None:
     s = snap(0.0, (0, 4 * H, 20))
-    d, _ = decide(s, PolicyState(), PARAMS, mappings=[Span(BASE + 8 * H, BASE + 9 * H)])
+    d, _ = decide(s, PolicyState(), PARAMS, mappings=[AddrRange(BASE + 8 * H, BASE + 9 * H)])
     assert d.hot_ranges == () and d.promote == ()
 
 
@@ -128,11 +129,11 @@ def test_demoted_range_that_turns_hot_is_remarked_before_it_is_collapsed_again()
     d, st = decide(snap(0.5, (0, H, 0)), st, p)
     assert d.demote == ()
     d, st = decide(snap(1.5, (0, H, 0)), st, p)
-    assert d.demote == (BASE,) and d.nohugepage_marks == (Span(BASE, BASE + H),)
+    assert d.demote == (BASE,) and d.nohugepage_marks == (AddrRange(BASE, BASE + H),)
     # Hot again: first the MADV_HUGEPAGE mark (clears VM_NOHUGEPAGE), no collapse yet.
     d, st = decide(snap(2.0, (0, H, 20)), st, p)
     assert d.promote == ()
-    assert d.hugepage_marks == (Span(BASE, BASE + H),) and d.nohugepage_marks == ()
+    assert d.hugepage_marks == (AddrRange(BASE, BASE + H),) and d.nohugepage_marks == ()
     d, st = decide(snap(2.1, (0, H, 20)), st, p)
     assert d.promote == (BASE,)
     st = record_outcomes(st, {BASE: None}, p, now_s=2.1)
@@ -143,15 +144,15 @@ def test_demoted_range_that_turns_hot_is_remarked_before_it_is_collapsed_again()
 def test_under_madvise_mode_promoted_and_planned_ranges_are_marked_hugepage() -> None:
     s = snap(0.0, (0, 2 * H, 20))
     d, st = decide(s, PolicyState(), PARAMS, thp_mode="madvise")
-    assert d.hugepage_marks == (Span(BASE, BASE + 2 * H),)
+    assert d.hugepage_marks == (AddrRange(BASE, BASE + 2 * H),)
     d, _ = decide(s, PolicyState(), PARAMS, thp_mode="never")
     assert d.hugepage_marks == ()
 
 
 def test_coalesce_joins_touching_ranges_only() -> None:
-    assert policy.coalesce([BASE + 2 * H, BASE, BASE + H, BASE + 5 * H]) == (
-        Span(BASE, BASE + 3 * H),
-        Span(BASE + 5 * H, BASE + 6 * H),
+    assert ranges.coalesce([BASE + 2 * H, BASE, BASE + H, BASE + 5 * H]) == (
+        AddrRange(BASE, BASE + 3 * H),
+        AddrRange(BASE + 5 * H, BASE + 6 * H),
     )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from damon_hp import procfs
+from damon_hp.ranges import AddrRange
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
@@ -99,8 +100,8 @@ class Ranges:
     def huge_shares(self) -> tuple[float, float]:
         """Shares of the hot and cold bytes that smaps shows as AnonHugePages."""
         maps = procfs.read_smaps(self.pid)
-        hot = procfs.smaps_in_ranges(maps, [self.hot]).anon_huge_bytes
-        cold = procfs.smaps_in_ranges(maps, [self.cold]).anon_huge_bytes
+        hot = procfs.smaps_in_ranges(maps, [AddrRange(*self.hot)]).anon_huge_bytes
+        cold = procfs.smaps_in_ranges(maps, [AddrRange(*self.cold)]).anon_huge_bytes
         return hot / (self.hot[1] - self.hot[0]), cold / (self.cold[1] - self.cold[0])
 
 
@@ -373,7 +374,7 @@ def digest(report_path: Path, rng: tuple[int, int]) -> str:
 
 
 def huge_share(pid: int, lo: int, hi: int) -> float:
-    return procfs.huge_bytes_in(pid, [(lo, hi)]) / (hi - lo)
+    return procfs.huge_bytes_in(pid, [AddrRange(lo, hi)]) / (hi - lo)
 
 
 @contextmanager

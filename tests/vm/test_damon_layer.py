@@ -28,12 +28,12 @@ from damon_hp.damon import (
     KdamondStopped,
     Scheme,
     Snapshot,
+    kernel_version,
     ownership,
     probe,
     reclaim_stale,
     start_vaddr,
 )
-from damon_hp.damon.sysfs import kernel_version
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 
 ROOT = Path(__file__).resolve().parents[2]

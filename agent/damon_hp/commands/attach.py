@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 
-from damon_hp import actuate, agent, procfs, report
+from damon_hp import actuate, lifecycle, options, procfs, report
 from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.options import AgentOptions
+from damon_hp.signals import StopSignals
 
 
 def _pid(text: str) -> int:
@@ -32,7 +33,7 @@ def _pid(text: str) -> int:
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
-    agent.add_options(parser)
+    options.add_options(parser)
     parser.add_argument("pid", type=_pid, metavar="PID", help="the process to manage")
 
 
@@ -63,8 +64,8 @@ def _open_target(pid: int) -> actuate.Target:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        opts = agent.options_from_args(args)
-        agent.require_root("attach")
+        opts = options.options_from_args(args)
+        lifecycle.require_root("attach")
         target = _open_target(args.pid)
     except DamonHpError as e:
         print(e, file=sys.stderr)
@@ -72,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     return _attach(target, opts)
 
 
-def _attach(target: actuate.Target, opts: agent.AgentOptions) -> int:
+def _attach(target: actuate.Target, opts: AgentOptions) -> int:
     try:
         command = procfs.read_cmdline(target.pid)
     except procfs.ProcessGone:
@@ -81,30 +82,15 @@ def _attach(target: actuate.Target, opts: agent.AgentOptions) -> int:
         mode="attach", target_pid=target.pid, command=command, kernel=os.uname().release,
         thp_mode="", options=opts.to_dict(),
     )
-    stop = agent.StopSignals().install()
-    ag = agent.Agent(target, opts, rep, stop)
-    failure: BaseException | None = None
-    started = False
+    stop = StopSignals().install()
     try:
-        ag.start()
-        started = True
-        rep.stopped_by = ag.loop()
-    except DamonHpError as e:
-        failure = e
-    except Exception as e:
-        failure = e
-        traceback.print_exc()
+        outcome = lifecycle.run_agent(target, opts, rep, stop)
     finally:
-        try:
-            ag.close()
-        except DamonHpError as e:
-            print(e, file=sys.stderr)
         target.close()
         stop.restore()
-    if started:
-        agent.emit_report(ag, opts)
-    if failure is not None:
-        print(failure if isinstance(failure, DamonHpError) else
-              f"damon-hp attach: internal error: {failure}", file=sys.stderr)
-        return getattr(failure, "exit_code", 1) if not started else 1
+    if outcome.started:
+        lifecycle.emit_report(outcome.agent, opts)
+    if outcome.failure is not None:
+        print(lifecycle.failure_message("attach", outcome.failure), file=sys.stderr)
+        return getattr(outcome.failure, "exit_code", 1) if not outcome.started else 1
     return 0

@@ -21,17 +21,18 @@ import shutil
 import signal
 import sys
 import time
-import traceback
 
-from damon_hp import actuate, agent, report
+from damon_hp import actuate, lifecycle, options, report
 from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.options import AgentOptions
+from damon_hp.signals import STOP_SIGNALS, StopSignals
 
 PR_SET_PDEATHSIG = 1
 EXEC_FAILED = 127
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
-    agent.add_options(parser)
+    options.add_options(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
                         help="the command to run (after --)")
 
@@ -52,7 +53,7 @@ class HeldChild:
                 os.close(self._err_r)
                 # Python ignores SIGPIPE/SIGXFSZ and has handlers for the stop signals; the
                 # command must start with the defaults, as from a shell.
-                for sig in (signal.SIGPIPE, signal.SIGXFSZ, *agent.STOP_SIGNALS):
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ, *STOP_SIGNALS):
                     signal.signal(sig, signal.SIG_DFL)
                 # If the agent dies (even SIGKILL) the command does not outlive it unmanaged.
                 libc = ctypes.CDLL(None, use_errno=True)
@@ -160,8 +161,8 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        opts = agent.options_from_args(args)
-        agent.require_root("run")
+        opts = options.options_from_args(args)
+        lifecycle.require_root("run")
         if shutil.which(argv[0]) is None:
             raise EnvironmentProblem(
                 f"damon-hp run: command not found or not executable: {argv[0]!r}"
@@ -172,45 +173,40 @@ def main(args: argparse.Namespace) -> int:
     return _run(argv, opts)
 
 
-def _run(argv: list[str], opts: agent.AgentOptions) -> int:
-    stop = agent.StopSignals().install()
+def _run(argv: list[str], opts: AgentOptions) -> int:
+    stop = StopSignals().install()
     child = HeldChild(argv)
     rep = report.RunReport(
         mode="run", target_pid=child.pid, command=argv, kernel=os.uname().release,
         thp_mode="", options=opts.to_dict(),
     )
-    target: actuate.Target | None = None
-    ag: agent.Agent | None = None
     released = False
+
+    def release() -> None:
+        nonlocal released
+        child.release()
+        released = True
+
+    def wait_unmanaged() -> str | None:
+        print("damon-hp run: the kdamond stopped on its own; the command keeps running "
+              "without huge-page management", file=sys.stderr)
+        while stop.signum is None and not child.poll():
+            time.sleep(0.2)
+        return stop.name if stop.signum is not None else None
+
+    outcome = None
     failure: BaseException | None = None
     try:
         target = actuate.Target.open(child.pid)
-        ag = agent.Agent(target, opts, rep, stop)
-        ag.start()
-        child.release()
-        released = True
-        rep.stopped_by = ag.loop()
-        if rep.stopped_by == "kdamond stopped":
-            print("damon-hp run: our kdamond stopped on its own; the command keeps running "
-                  "without huge-page management", file=sys.stderr)
-            rep.notes.append("kdamond stopped before the command exited")
-            while stop.signum is None and not child.poll():
-                time.sleep(0.2)
-            if stop.signum is not None:
-                rep.stopped_by = stop.name or "signal"
+        try:
+            outcome = lifecycle.run_agent(target, opts, rep, stop, after_start=release,
+                                          unmanaged=wait_unmanaged)
+            failure = outcome.failure
+        finally:
+            target.close()
     except DamonHpError as e:
         failure = e
-    except Exception as e:  # the agent's own bug: clean up, then say so
-        failure = e
-        traceback.print_exc()
     finally:
-        if ag is not None:
-            try:
-                ag.close()
-            except DamonHpError as e:
-                print(e, file=sys.stderr)
-        if target is not None:
-            target.close()
         if not released:
             child.abort()
         elif failure is not None:
@@ -221,8 +217,7 @@ def _run(argv: list[str], opts: agent.AgentOptions) -> int:
             child.wait()
         stop.restore()
     if failure is not None and not released:
-        print(failure if isinstance(failure, DamonHpError) else
-              f"damon-hp run: internal error: {failure}", file=sys.stderr)
+        print(lifecycle.failure_message("run", failure), file=sys.stderr)
         return getattr(failure, "exit_code", 1)
     rep.exit_code = child.exit_code
     ru = child.rusage
@@ -230,11 +225,9 @@ def _run(argv: list[str], opts: agent.AgentOptions) -> int:
         rep.target_cpu_s = ru.ru_utime + ru.ru_stime  # type: ignore[attr-defined]
         rep.minflt = ru.ru_minflt  # type: ignore[attr-defined]
         rep.majflt = ru.ru_majflt  # type: ignore[attr-defined]
-    if ag is not None:
-        agent.emit_report(ag, opts)
+    if outcome is not None:
+        lifecycle.emit_report(outcome.agent, opts)
     if failure is not None:
-        print(failure if isinstance(failure, DamonHpError) else
-              f"damon-hp run: internal error: {failure}", file=sys.stderr)
+        print(lifecycle.failure_message("run", failure), file=sys.stderr)
         return 1
     return rep.exit_code
-

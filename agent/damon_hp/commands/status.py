@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from damon_hp import agent
+from damon_hp import status_records
 from damon_hp.report import fmt_bytes
 
 
@@ -36,7 +36,7 @@ def _since(wall: float | None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    records = agent.read_statuses()
+    records = status_records.read_statuses()
     if args.json:
         print(json.dumps({"agents": records}, indent=1))
         return 0

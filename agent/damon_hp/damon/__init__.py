@@ -1,5 +1,16 @@
-"""The DAMON layer: the only code that reads or writes /sys/kernel/mm/damon (and, later, DAMON
-tracepoints). Everything above it sees plain dataclasses.
+"""The DAMON layer: the only code that reads or writes /sys/kernel/mm/damon or reads DAMON's
+tracepoints. Everything above it sees plain dataclasses.
+
+One module per job:
+    io.py         the one reader and writer of DAMON sysfs files (EBUSY retry, turn_off)
+    status.py     read-only: what DAMON offers, which kdamonds run, whose they are
+    placement.py  pure: where a new kdamond of ours may go, or every reason it may not
+    kdamond.py    kdamonds we start: start (vaddr, paddr), schemes, tried-regions snapshots, stop
+    ownership.py  records that prove a kdamond ours
+    events.py     the damon_aggregated event stream of any kdamond, as whole snapshots
+    revmap.py     physical regions -> one process's per-2 MiB access picture (pagemap)
+    sources.py    vaddr, paddr and passive access sources behind one interface
+    model.py      DAMON objects as dataclasses
 
 Stable API (other modules import from here, not from the submodules):
 
@@ -20,7 +31,7 @@ model (pure data, JSON round-trip with to_dict/from_dict):
     Recording(kernel, command, snapshots, ground_truth: dict[str, AddrRange], note)
         .load(path) / .save(path): the format of tests/fixtures/damon-*.json
 
-sysfs:
+probe / placement / kdamond:
     probe() -> DamonStatus                           read-only; safe anywhere (doctor uses it)
         .sysfs_present, .readable, .avail_ops, .kdamonds: tuple[KdamondInfo, ...],
         .running, .foreign_running, .can_add_kdamond, .features: dict[str, bool]
@@ -50,6 +61,13 @@ sysfs:
 Ownership records: $DAMON_HP_RUN_DIR (default /run/damon-hp)/kdamond-<index>.json.
 """
 
+from .kdamond import (
+    KdamondStopped,
+    OwnedKdamond,
+    reclaim_stale,
+    start_paddr,
+    start_vaddr,
+)
 from .model import (
     UINT_MAX,
     ULONG_MAX,
@@ -63,27 +81,27 @@ from .model import (
     SchemeStats,
     Snapshot,
 )
-from .sysfs import (
+from .placement import StartPlan, busy_message, plan_placement, plan_start
+from .status import (
     OWNER_DAMON_HP,
     OWNER_FOREIGN,
     OWNER_NONE,
     OWNER_STALE,
     DamonStatus,
     KdamondInfo,
-    KdamondStopped,
-    OwnedKdamond,
-    StartPlan,
-    plan_placement,
-    plan_start,
+    kernel_version,
     probe,
-    reclaim_stale,
-    start_vaddr,
+    read_intervals,
+    running_kdamond_pids,
 )
+from .status import scheme_actions as probe_schemes
 
 __all__ = [
     "UINT_MAX", "ULONG_MAX", "AccessPattern", "AddrRange", "Intervals", "IntervalsGoal",
     "Recording", "Region", "Scheme", "SchemeStats", "Snapshot",
     "OWNER_DAMON_HP", "OWNER_FOREIGN", "OWNER_NONE", "OWNER_STALE", "DamonStatus",
     "KdamondInfo", "KdamondStopped", "OwnedKdamond", "StartPlan", "plan_placement",
-    "plan_start", "probe", "reclaim_stale", "start_vaddr",
+    "plan_start", "probe", "reclaim_stale", "start_vaddr", "start_paddr", "busy_message",
+    "kernel_version", "read_intervals", "running_kdamond_pids",
+    "probe_schemes",
 ]

@@ -14,36 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from damon_hp.ranges import AddrRange
+
 # The largest values DAMON's sysfs files accept: sizes are unsigned long, counters unsigned int.
 ULONG_MAX = 2**64 - 1
 UINT_MAX = 2**32 - 1
-
-
-@dataclass(frozen=True)
-class AddrRange:
-    """A virtual address range [start, end)."""
-
-    start: int
-    end: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start < self.end:
-            raise ValueError(f"bad address range [{self.start:#x}, {self.end:#x})")
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-    def overlap(self, other: AddrRange) -> int:
-        """Bytes this range shares with `other`."""
-        return max(0, min(self.end, other.end) - max(self.start, other.start))
-
-    def to_dict(self) -> dict[str, int]:
-        return {"start": self.start, "end": self.end}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AddrRange:
-        return cls(int(d["start"]), int(d["end"]))
 
 
 @dataclass(frozen=True)

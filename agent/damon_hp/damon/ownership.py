@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .. import procfs
+
 DEFAULT_RUN_DIR = Path("/run/damon-hp")
 
 
@@ -34,12 +36,9 @@ def boot_id() -> str:
 def process_start_ticks(pid: int) -> int | None:
     """Start time of `pid` in clock ticks since boot (/proc/PID/stat field 22), or None if gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return procfs.read_stat(pid).start_ticks
+    except (procfs.ProcessGone, OSError, ValueError, IndexError):
         return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[19])
 
 
 def process_comm(pid: int) -> str | None:

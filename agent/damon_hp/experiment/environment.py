@@ -13,13 +13,10 @@ from typing import Any
 
 from damon_hp import __version__
 from damon_hp.experiment.memory import active_swap_bytes
+from damon_hp.vmguard import in_vm
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 THP_DIR = Path("/sys/kernel/mm/transparent_hugepage")
-
-
-def in_vm() -> bool:
-    return os.environ.get("DAMON_HP_IN_VM") == "1"
 
 
 def _bracketed(text: str) -> str:

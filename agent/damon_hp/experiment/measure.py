@@ -7,38 +7,18 @@ time until the hot set was huge-page backed).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from damon_hp import procfs
+from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
+from damon_hp.ranges import AddrRange, covered, huge_capable_bytes
 
-HUGE = 2 << 20
-DAMON_KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
 HOT_HUGE_THRESHOLD = 0.9
 
 
-def huge_capable_bytes(ranges: list[tuple[int, int]]) -> int:
-    """Bytes of `ranges` covered by whole, aligned 2 MiB pages: the most that can be huge."""
-    total = 0
-    for lo, hi in ranges:
-        a = (lo + HUGE - 1) // HUGE * HUGE
-        b = hi // HUGE * HUGE
-        total += max(0, b - a)
-    return total
-
-
-def _all_mapped(maps: list[procfs.Mapping], ranges: list[tuple[int, int]]) -> bool:
-    """Whether every byte of `ranges` lies in some mapping (mappings are sorted, may touch)."""
-    for lo, hi in ranges:
-        pos = lo
-        for m in maps:
-            if m.start <= pos < m.end:
-                pos = m.end
-            if pos >= hi:
-                break
-        if pos < hi:
-            return False
-    return True
+def _all_mapped(maps: list[procfs.Mapping], ranges: list[AddrRange]) -> bool:
+    """Whether every byte of `ranges` lies in some mapping."""
+    return covered(ranges, (m.range for m in maps))
 
 
 def time_weighted_mean(samples: list[dict[str, Any]], key: str) -> float | None:
@@ -71,23 +51,6 @@ def first_time_at_least(samples: list[dict[str, Any]], key: str, threshold: floa
     return None
 
 
-def kdamond_pids(root: Path = DAMON_KDAMONDS) -> dict[str, int]:
-    """{kdamond directory name: pid} of running kdamonds (read-only)."""
-    out = {}
-    try:
-        entries = [p for p in root.iterdir() if p.name.isdigit()]
-    except OSError:
-        return out
-    for d in entries:
-        try:
-            pid = int((d / "pid").read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if pid > 0:
-            out[d.name] = pid
-    return out
-
-
 def cpu_seconds(pid: int) -> float | None:
     try:
         return procfs.read_stat(pid).cpu_s
@@ -103,7 +66,7 @@ class Sampler:
     t0: float
     agent_pid: int | None = None
     foreign_kdamonds: set[int] = field(default_factory=set)
-    hot: list[tuple[int, int]] | None = None
+    hot: list[AddrRange] | None = None
     hot_seen_s: float | None = None  # when the benchmark's hot range was first seen
     samples: list[dict[str, Any]] = field(default_factory=list)
     agent_cpu_s: float | None = None
@@ -157,7 +120,7 @@ class Sampler:
             return None
         return min(1.0, huge / capable)
 
-    def set_hot(self, ranges: list[tuple[int, int]], now: float) -> None:
+    def set_hot(self, ranges: list[AddrRange], now: float) -> None:
         self.hot = ranges
         self.hot_seen_s = now - self.t0
 

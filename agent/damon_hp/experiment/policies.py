@@ -15,7 +15,6 @@ exited), `cleanup` (always, also on Ctrl-C).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,9 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from damon_hp import procfs
+from damon_hp.damon import kdamond
+from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
 from damon_hp.errors import DamonHpError, EnvironmentProblem
-from damon_hp.experiment.measure import DAMON_KDAMONDS, HUGE, kdamond_pids
 from damon_hp.experiment.spec import PolicyOptions
+from damon_hp.ranges import AddrRange, huge_starts
+from damon_hp.vmguard import in_vm
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 VENV_BIN = Path(sys.executable).parent
@@ -45,10 +47,6 @@ ETHP_DAMO_ARGS = [
     "--damos_access_rate", "min", "min",
     "--damos_age", "7s", "max",
 ]  # fmt: skip
-
-
-def in_vm() -> bool:
-    return os.environ.get("DAMON_HP_IN_VM") == "1"
 
 
 def set_global_thp(mode: str) -> None:
@@ -114,7 +112,7 @@ class Policy:
     def attach(self, pid: int, state: RunState) -> None:
         pass
 
-    def on_hot_ranges(self, pid: int, t0: float, ranges: list[tuple[int, int]],
+    def on_hot_ranges(self, pid: int, t0: float, ranges: list[AddrRange],
                       state: RunState) -> None:
         pass
 
@@ -258,22 +256,19 @@ class DamosEthp(Policy):
         if not self.started:
             return
         self.started = False
-        for name in self.mine:
-            state_file = DAMON_KDAMONDS / name / "state"
+        for index in self.mine:
             try:
-                if state_file.read_text().strip() == "on":
-                    state_file.write_text("off")
-            except OSError as e:
-                state.notes.append(f"could not stop kdamond {name}: {e}")
+                kdamond.stop_unowned_in_vm(index)
+            except (OSError, DamonHpError) as e:
+                state.notes.append(f"could not stop kdamond {index}: {e}")
         if kdamond_pids():
             code, out, cpu = self._damo(["stop"])
             state.metrics["agent_cpu_s"] = (state.metrics.get("agent_cpu_s") or 0.0) + cpu
             if kdamond_pids():
                 state.notes.append(f"damo stop failed: {out.strip()[-200:]}")
                 return
-        nr = DAMON_KDAMONDS / "nr_kdamonds"
-        if in_vm() and nr.exists() and nr.read_text().strip() != "0":
-            nr.write_text("0")
+        if in_vm():
+            kdamond.clear_all_in_vm()
 
 
 class DamonHp(Policy):
@@ -389,17 +384,16 @@ class Oracle(Policy):
             "host; global THP untouched"
         return f"process_madvise(MADV_COLLAPSE) of the printed hot range, {where}"
 
-    def on_hot_ranges(self, pid: int, t0: float, ranges: list[tuple[int, int]],
+    def on_hot_ranges(self, pid: int, t0: float, ranges: list[AddrRange],
                       state: RunState) -> None:
         self.thread = threading.Thread(target=self._collapse, args=(pid, t0, ranges),
                                        daemon=True)
         self.thread.start()
 
-    def _collapse(self, pid: int, t0: float, ranges: list[tuple[int, int]]) -> None:
+    def _collapse(self, pid: int, t0: float, ranges: list[AddrRange]) -> None:
         from damon_hp import actuate
 
-        starts = [a for lo, hi in ranges
-                  for a in range((lo + HUGE - 1) // HUGE * HUGE, hi // HUGE * HUGE, HUGE)]
+        starts = [a for r in ranges for a in huge_starts(r)]
         try:
             target = actuate.Target.open(pid)
         except DamonHpError as e:

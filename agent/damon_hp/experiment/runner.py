@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from damon_hp import perf, procfs
+from damon_hp.damon import kdamond
+from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.experiment import launch, policies, workloads
 from damon_hp.experiment.environment import in_vm, pmu_available
-from damon_hp.experiment.measure import DAMON_KDAMONDS, Sampler, kdamond_pids
+from damon_hp.experiment.measure import Sampler
 from damon_hp.experiment.memory import RunCgroup, ZramSwap, active_swap_bytes
 from damon_hp.experiment.progress import Progress
 from damon_hp.experiment.results import (
@@ -283,10 +285,10 @@ def stop_leftover_kdamonds(before: set[int], notes: list[str]) -> None:
         if pid in before:
             continue
         try:
-            (DAMON_KDAMONDS / name / "state").write_text("off")
+            kdamond.stop_unowned_in_vm(name)
             notes.append(f"kdamond {name} (pid {pid}) was left running by the policy; the "
                          "runner stopped it")
-        except OSError as e:
+        except (OSError, DamonHpError) as e:
             notes.append(f"kdamond {name} (pid {pid}) was left running and could not be "
                          f"stopped: {e}")
 

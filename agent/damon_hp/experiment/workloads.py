@@ -18,6 +18,7 @@ from types import ModuleType
 
 from damon_hp.errors import EnvironmentProblem
 from damon_hp.experiment.spec import COMPACT_VARIANTS, Workload
+from damon_hp.ranges import AddrRange
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 WORKLOADS_DIR = PROJECT_ROOT / "workloads"
@@ -105,13 +106,14 @@ def ground_truth_env(program: str) -> dict[str, str]:
     return {"WATER_NSQUARED_JSON": "1"} if program == "water_nsquared" else {}
 
 
-def _range(d: object) -> tuple[int, int] | None:
-    if isinstance(d, dict) and isinstance(d.get("start"), int) and isinstance(d.get("end"), int):
-        return (int(d["start"]), int(d["end"]))
+def _range(d: object) -> AddrRange | None:
+    if isinstance(d, dict) and isinstance(d.get("start"), int) and isinstance(d.get("end"), int) \
+            and 0 <= d["start"] < d["end"]:
+        return AddrRange(int(d["start"]), int(d["end"]))
     return None
 
 
-def hot_ranges(text: str) -> list[tuple[int, int]] | None:
+def hot_ranges(text: str) -> list[AddrRange] | None:
     """The ground-truth hot ranges a program printed, if any: hotcold's {"hot": {...}}, or
     water_nsquared's {"event": "layout"} (VAR and each thread's PFORCES node run, the large
     hot data of workloads-spec B.19)."""
@@ -123,7 +125,7 @@ def hot_ranges(text: str) -> list[tuple[int, int]] | None:
             ranges = [_range(obj.get("VAR"))]
             for p in obj.get("pforces") or []:
                 ranges.append(_range(p.get("nodes")) if isinstance(p, dict) else None)
-            found = [r for r in ranges if r and r[1] > r[0]]
+            found = [r for r in ranges if r is not None]
             return found or None
     return None
 

@@ -1,0 +1,502 @@
+"""Kdamonds damon-hp starts: start, change schemes, read snapshots, stop. Nothing else here.
+
+- `start_vaddr(pid)` creates and starts a kdamond watching one process and returns an
+  `OwnedKdamond`, the only handle through which a kdamond is changed or stopped. It refuses,
+  before writing anything, while a kdamond damon-hp did not start runs (see placement.py).
+- `reclaim_stale()` stops kdamonds left running by damon-hp agents that died, only when an
+  ownership record proves them ours.
+
+Sysfs facts this relies on (checked on Linux 6.12 and 6.18):
+- Writing a count file (`nr_kdamonds`, `nr_contexts`, `nr_targets`, `nr_schemes`,
+  `nr_filters`) removes every directory under it and creates fresh ones with defaults.
+- A new scheme's access pattern is [0, 0] for size, nr_accesses and age: it matches nothing
+  until all six bounds are written.
+- Keywords written to `kdamonds/N/state`: on, off, commit (re-read all inputs of a running
+  kdamond), update_schemes_stats, update_schemes_tried_regions (fills
+  `schemes/M/tried_regions/` with the regions the scheme matched, after the next apply),
+  update_schemes_tried_bytes (only `tried_regions/total_bytes`), clear_schemes_tried_regions,
+  and update_tuned_intervals (6.15+).
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from pathlib import Path
+
+from ..errors import DamonHpError, EnvironmentProblem
+from ..vmguard import require_vm
+from . import io, ownership
+from .io import ADMIN
+from .model import (
+    ULONG_MAX,
+    AccessPattern,
+    AddrRange,
+    Intervals,
+    IntervalsGoal,
+    Region,
+    Scheme,
+    SchemeStats,
+    Snapshot,
+)
+from .placement import plan_start
+from .status import detect_features, kernel_release, probe
+
+# The scheme damon-hp puts first in every context it owns: action `stat` (count only, change
+# nothing) over every region, so that its tried_regions are a full snapshot of the target.
+SNAPSHOT_SCHEME = Scheme(action="stat", pattern=AccessPattern())
+
+
+class KdamondStopped(DamonHpError):
+    """Our kdamond is no longer running (its target exited, or someone turned it off)."""
+
+
+def _allow_ranges_as_reject_gaps(ranges: tuple[AddrRange, ...]) -> list[AddrRange]:
+    """The complement of the union of `ranges` within [0, ULONG_MAX).
+
+    DAMOS address filters before Linux 6.14 can only reject (and, after 6.14, memory that
+    matches no filter is allowed when the last filter rejects). Rejecting every gap between the
+    wanted ranges therefore limits a scheme to their union on every kernel.
+    """
+    gaps, pos = [], 0
+    for r in sorted(ranges, key=lambda r: r.start):
+        if r.start > pos:
+            gaps.append(AddrRange(pos, r.start))
+        pos = max(pos, r.end)
+    if pos < ULONG_MAX:
+        gaps.append(AddrRange(pos, ULONG_MAX))
+    return gaps
+
+
+def _write_scheme(sdir: Path, s: Scheme, sample_us: int) -> None:
+    io.write(sdir / "action", s.action)
+    p = s.pattern
+    # Every bound, min and max: a new scheme starts at [0, 0] and would match nothing.
+    for name, lo, hi in (("sz", p.min_size_bytes, p.max_size_bytes),
+                         ("nr_accesses", p.min_nr_accesses, p.max_nr_accesses),
+                         ("age", p.min_age, p.max_age)):
+        io.write(sdir / f"access_pattern/{name}/min", lo)
+        io.write(sdir / f"access_pattern/{name}/max", hi)
+    io.write(sdir / "quotas/bytes", s.quota_bytes)
+    io.write(sdir / "quotas/ms", s.quota_ms)
+    io.write(sdir / "quotas/reset_interval_ms", s.quota_reset_interval_ms)
+    apply_us = s.apply_interval_us
+    if s.addr_filters and apply_us == 0:
+        # DAMON splits a region at an address-filter boundary while applying a scheme, and
+        # the part after the split is skipped for the rest of that pass; the next aggregation
+        # merges the parts again. Applied once per aggregation, a filter range that starts
+        # inside a uniformly accessed region is therefore never reached (seen on 6.12: 0 bytes
+        # tried, every pass). Applied every sampling interval, the split survives until the
+        # next pass, which then reaches the range.
+        apply_us = sample_us
+    if (sdir / "apply_interval_us").exists():
+        io.write(sdir / "apply_interval_us", apply_us)
+    elif s.apply_interval_us:
+        raise EnvironmentProblem(
+            "damon-hp: this kernel has no per-scheme apply interval (Linux 6.7+); "
+            "leave apply_interval_us at 0")
+    if s.addr_filters:
+        # Address filters are handled by DAMON's core; since 6.15 they live in core_filters.
+        fdir = sdir / ("core_filters" if (sdir / "core_filters").is_dir() else "filters")
+        gaps = _allow_ranges_as_reject_gaps(s.addr_filters)
+        io.write(fdir / "nr_filters", len(gaps))
+        for i, g in enumerate(gaps):
+            f = fdir / str(i)
+            io.write(f / "type", "addr")
+            io.write(f / "addr_start", g.start)
+            io.write(f / "addr_end", g.end)
+            io.write(f / "matching", "Y")
+            if (f / "allow").exists():
+                io.write(f / "allow", "N")
+
+
+def _write_schemes(ctx: Path, schemes: tuple[Scheme, ...], sample_us: int) -> None:
+    """The snapshot scheme, then the caller's: `scheme_stats()[i]` is the caller's `schemes[i]`."""
+    sdir = ctx / "schemes"
+    io.write(sdir / "nr_schemes", 1 + len(schemes))
+    for i, s in enumerate((SNAPSHOT_SCHEME, *schemes)):
+        _write_scheme(sdir / str(i), s, sample_us)
+
+
+class OwnedKdamond:
+    """A kdamond damon-hp started: the only handle that changes or stops one.
+
+    Scheme 0 is always the snapshot scheme (action `stat` over everything); the caller's schemes
+    follow it, so `scheme_stats()[i]` is the caller's `schemes[i]`.
+    """
+
+    def __init__(self, index: int, target_pid: int, intervals: Intervals,
+                 schemes: tuple[Scheme, ...], autotuned: bool, record_dir: Path | None,
+                 admin: Path = ADMIN, ops: str = "vaddr") -> None:
+        self.index = index
+        self.ops = ops
+        self.target_pid = target_pid
+        self.intervals = intervals
+        self.schemes = schemes
+        self.autotuned = autotuned
+        self.kdamond_pid: int | None = None
+        self.record: ownership.OwnerRecord | None = None
+        self._record_dir = record_dir
+        self._admin = admin
+        self.dir = admin / "kdamonds" / str(index)
+        self.ctx = self.dir / "contexts/0"
+
+    # -- state ---------------------------------------------------------------------------
+
+    def live_pid(self) -> int | None:
+        try:
+            state = io.read(self.dir / "state")
+        except OSError:
+            return None
+        pid = io.read_int(self.dir / "pid", -1)
+        return pid if state == "on" and pid and pid > 0 else None
+
+    def is_running(self) -> bool:
+        """True while the kdamond we started still runs (False once the target has exited)."""
+        return self.kdamond_pid is not None and self.live_pid() == self.kdamond_pid
+
+    def _require_running(self) -> None:
+        if not self.is_running():
+            raise KdamondStopped(
+                f"damon-hp: kdamond {self.index} (pid {self.kdamond_pid}) is no longer running; "
+                f"target pid {self.target_pid} has probably exited")
+
+    def _state(self, keyword: str) -> None:
+        self._require_running()
+        io.write(self.dir / "state", keyword)
+
+    @property
+    def features(self) -> dict[str, bool]:
+        return detect_features(self.ctx, kernel_release())[0]
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _current_intervals(self) -> tuple[int, int]:
+        if self.autotuned:
+            # Auto-tuning moves the intervals; sysfs shows the tuned ones only when asked.
+            self._state("update_tuned_intervals")
+            iv = self.ctx / "monitoring_attrs/intervals"
+            return (io.read_int(iv / "sample_us", self.intervals.sample_us) or 1,
+                    io.read_int(iv / "aggr_us", self.intervals.aggr_us) or 1)
+        return self.intervals.sample_us, self.intervals.aggr_us
+
+    # How often to ask again when DAMON answers a tried-regions update with nothing. Linux
+    # 6.7..6.13 end the update after two apply intervals of wall time even if the kdamond has
+    # not made a pass yet; a slow machine (our TCG VM, ~25x slower) then reads zero regions,
+    # which is never a real answer for a live vaddr target (DAMON keeps >= min_nr_regions).
+    UPDATE_ATTEMPTS = 8
+
+    def _update_tried(self, keyword: str) -> None:
+        """Ask for fresh tried regions/bytes until the snapshot scheme reports some."""
+        total = self.ctx / "schemes/0/tried_regions/total_bytes"
+        for _ in range(self.UPDATE_ATTEMPTS):
+            self._state(keyword)
+            if keyword == "update_schemes_tried_regions":
+                if io.numbered_dirs(self.ctx / "schemes/0/tried_regions"):
+                    return
+            elif (io.read_int(total, 0) or 0) > 0:
+                return
+        self._require_running()
+        raise DamonHpError(
+            f"damon-hp: DAMON returned no regions for pid {self.target_pid} in "
+            f"{self.UPDATE_ATTEMPTS} tries: kdamond {self.index} is too slow to finish an "
+            f"aggregation ({self.intervals.aggr_us} us) in time; use a longer --aggr-us")
+
+    def snapshot(self) -> Snapshot:
+        """Every region of the target as DAMON last aggregated it (blocks about one aggr_us).
+
+        Raises KdamondStopped once the kdamond has stopped (e.g. the target exited).
+        """
+        sample_us, aggr_us = self._current_intervals()
+        tried = self.ctx / "schemes/0/tried_regions"
+        for _ in range(self.UPDATE_ATTEMPTS):
+            self._update_tried("update_schemes_tried_regions")
+            taken = time.monotonic()
+            regions = []
+            try:
+                for rdir in io.numbered_dirs(tried):
+                    regions.append(Region(int(io.read(rdir / "start")), int(io.read(rdir / "end")),
+                                          int(io.read(rdir / "nr_accesses")),
+                                          int(io.read(rdir / "age"))))
+                total = io.read_int(tried / "total_bytes")
+            except (OSError, ValueError):
+                continue  # the kernel replaced the dirs while we read them: ask again
+            if total is not None and total != sum(r.end - r.start for r in regions):
+                continue  # torn read: a snapshot is returned whole or not at all
+            regions.sort(key=lambda r: r.start)
+            return Snapshot(taken, self.target_pid, sample_us, aggr_us, tuple(regions))
+        self._require_running()
+        raise DamonHpError(f"damon-hp: could not read a consistent snapshot of kdamond "
+                           f"{self.index} in {self.UPDATE_ATTEMPTS} tries")
+
+    def tried_bytes(self, scheme: int = 0) -> int:
+        """Bytes of the regions scheme `scheme` (0 = snapshot scheme) matched at its last apply.
+
+        Cheaper than `snapshot()`: the kernel fills one file instead of a directory per region.
+        Raises EnvironmentProblem on kernels before 6.6, which lack it.
+
+        Pitfall (Linux 6.7..6.13): the kernel stops waiting for a scheme's tried regions after
+        two of its apply intervals of wall time. A scheme added by `set_schemes` runs out of
+        phase with the aggregations, so on a slow machine (our TCG VM) a once-per-aggregation
+        scheme can read 0 here. Give such a scheme a short `apply_interval_us` (schemes with
+        address filters get one automatically) or use `scheme_stats()`.
+        """
+        if not (self.ctx / "schemes/0/tried_regions/total_bytes").exists():
+            raise EnvironmentProblem("damon-hp: tried_regions/total_bytes needs Linux 6.6+")
+        self._update_tried("update_schemes_tried_bytes")
+        return io.read_int(self.ctx / f"schemes/{scheme}/tried_regions/total_bytes", 0) or 0
+
+    def scheme_stats(self) -> list[SchemeStats]:
+        """Counters of the caller's schemes (not the snapshot scheme), in their order."""
+        self._state("update_schemes_stats")
+        out = []
+        for i in range(1, 1 + len(self.schemes)):
+            st = self.ctx / f"schemes/{i}/stats"
+            out.append(SchemeStats(*(io.read_int(st / n, 0) or 0 for n in
+                                     ("nr_tried", "sz_tried", "nr_applied", "sz_applied",
+                                      "qt_exceeds"))))
+        return out
+
+    # -- changing ------------------------------------------------------------------------
+
+    def supports_action(self, action: str) -> bool:
+        """Whether this kernel's DAMOS knows `action` (e.g. "collapse", upstream in 7.2).
+
+        Writes the name into the snapshot scheme's `action` file and puts `stat` back; the
+        running kdamond only reads that file on commit, so monitoring is not disturbed.
+        """
+        f = self.ctx / "schemes/0/action"
+        try:
+            io.write(f, action)
+        except DamonHpError as e:
+            cause = e.__cause__
+            if isinstance(cause, OSError) and cause.errno == errno.EINVAL:
+                return False
+            raise
+        finally:
+            io.write(f, SNAPSHOT_SCHEME.action)
+        return True
+
+    def set_schemes(self, schemes: list[Scheme] | tuple[Scheme, ...]) -> None:
+        """Replace the caller's schemes on the running kdamond (online `commit`).
+
+        Monitoring continues; DAMOS stats of the replaced schemes start again from zero.
+        """
+        self._require_running()
+        schemes = tuple(schemes)
+        _write_schemes(self.ctx, schemes, self.intervals.sample_us)
+        self._state("commit")
+        self.schemes = schemes
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop our kdamond (only if its live pid is still ours) and remove our traces.
+
+        Safe to call twice, and after the kdamond stopped on its own because the target exited.
+        """
+        live = self.live_pid()
+        if live is not None and live == self.kdamond_pid:
+            io.turn_off(self.dir, lambda: self.live_pid() is not None)
+        if self.live_pid() is None:
+            _clear_idle_dir(self._admin, self.index, self.target_pid)
+        if self.record is not None:
+            ownership.remove_record(self.index, self._record_dir, only=self.record)
+            self.record = None
+        self.kdamond_pid = None
+
+    def __enter__(self) -> OwnedKdamond:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (f"OwnedKdamond(index={self.index}, kdamond_pid={self.kdamond_pid}, "
+                f"target_pid={self.target_pid})")
+
+
+def _clear_idle_dir(admin: Path, index: int, target_pid: int) -> None:
+    """Leave no configuration behind for an idle kdamond dir we configured.
+
+    When every kdamond dir is idle and ours or empty, all dirs go (nr_kdamonds 0), as before
+    damon-hp started. Otherwise only our dir's contexts go; other dirs are not ours to touch.
+    """
+    kd = admin / "kdamonds" / str(index)
+    try:
+        if io.read(kd / "state") != "off":
+            return
+        targets = [io.read_int(t / "pid_target", 0) for t in
+                   io.numbered_dirs(kd / "contexts/0/targets")]
+    except OSError:
+        return
+    if targets and targets != [target_pid]:
+        return  # someone reconfigured it after our kdamond stopped: theirs now
+    others = [d for d in io.numbered_dirs(admin / "kdamonds") if d.name != str(index)]
+    try:
+        others_idle_empty = all(
+            io.read(d / "state") == "off" and not io.numbered_dirs(d / "contexts") for d in others)
+    except OSError:
+        others_idle_empty = False
+    if others_idle_empty:
+        io.write(admin / "kdamonds/nr_kdamonds", 0)
+    else:
+        io.write(kd / "contexts/nr_contexts", 0)
+
+
+def start_vaddr(pid: int, intervals: Intervals | None = None, min_nr_regions: int = 10,
+                max_nr_regions: int = 1000, schemes: list[Scheme] | tuple[Scheme, ...] = (),
+                intervals_goal: IntervalsGoal | None = None, *,
+                run_dir: Path | None = None, admin: Path = ADMIN) -> OwnedKdamond:
+    """Start a kdamond monitoring process `pid`'s virtual address space, owned by damon-hp.
+
+    Raises EnvironmentProblem (exit 2) when DAMON cannot be used here: no sysfs, no vaddr, not
+    root, no such process, or a kdamond damon-hp did not start is running (named in the
+    message). `intervals_goal` turns on DAMON's interval auto-tuning where the kernel has it
+    (6.15+); elsewhere it is ignored and `OwnedKdamond.autotuned` is False.
+    """
+    if ownership.process_start_ticks(pid) is None:
+        raise EnvironmentProblem(f"damon-hp: no process with pid {pid}")
+    return _start("vaddr", pid, intervals or Intervals(), min_nr_regions, max_nr_regions,
+                  tuple(schemes), intervals_goal, run_dir, admin)
+
+
+def start_paddr(intervals: Intervals | None = None, min_nr_regions: int = 10,
+                max_nr_regions: int = 1000, intervals_goal: IntervalsGoal | None = None, *,
+                run_dir: Path | None = None, admin: Path = ADMIN) -> OwnedKdamond:
+    """Start a kdamond over physical memory (the whole system RAM), owned by damon-hp.
+
+    For kernels without vaddr: it watches every process at once, so its snapshots say which
+    physical frames are accessed; a reverse map (revmap.py) gives one process's share. It takes
+    no schemes: DAMOS actions on paddr act on every process's memory, not one target's.
+    """
+    return _start("paddr", 0, intervals or Intervals(), min_nr_regions, max_nr_regions, (),
+                  intervals_goal, run_dir, admin)
+
+
+def _start(ops: str, pid: int, intervals: Intervals, min_nr_regions: int, max_nr_regions: int,
+           schemes: tuple[Scheme, ...], intervals_goal: IntervalsGoal | None,
+           run_dir: Path | None, admin: Path) -> OwnedKdamond:
+    if not 3 <= min_nr_regions <= max_nr_regions:
+        raise EnvironmentProblem(
+            f"damon-hp: need 3 <= min_nr_regions ({min_nr_regions}) <= max_nr_regions "
+            f"({max_nr_regions})")
+    reclaim_stale(run_dir=run_dir, admin=admin)
+    status = probe(admin, run_dir)
+    plan = plan_start(status, ops)
+
+    if plan.set_nr_kdamonds is not None:
+        # Re-read right before the one write that affects every kdamond dir.
+        if probe(admin, run_dir).running:
+            raise EnvironmentProblem("damon-hp: a kdamond started while damon-hp was "
+                                     "preparing its own; try again")
+        io.write(admin / "kdamonds/nr_kdamonds", plan.set_nr_kdamonds)
+
+    kd = OwnedKdamond(plan.index, pid, intervals, schemes, False, run_dir, admin, ops)
+    record = ownership.OwnerRecord.for_this_agent(plan.index, pid)
+    # Provisional record first: if we die between `on` and the final record, the next start
+    # can still prove (by start time and target) that the kdamond is ours.
+    ownership.write_record(record, run_dir)
+    turned_on = False
+    try:
+        io.write(kd.dir / "contexts/nr_contexts", 1)
+        ctx = kd.ctx
+        io.write(ctx / "operations", ops)
+        iv = ctx / "monitoring_attrs/intervals"
+        io.write(iv / "sample_us", intervals.sample_us)
+        io.write(iv / "aggr_us", intervals.aggr_us)
+        io.write(iv / "update_us", intervals.update_us)
+        goal_dir = iv / "intervals_goal"
+        if intervals_goal is not None and goal_dir.is_dir():
+            io.write(goal_dir / "access_bp", intervals_goal.access_bp)
+            io.write(goal_dir / "aggrs", intervals_goal.aggrs)
+            io.write(goal_dir / "min_sample_us", intervals_goal.min_sample_us)
+            io.write(goal_dir / "max_sample_us", intervals_goal.max_sample_us)
+            kd.autotuned = True
+        nr = ctx / "monitoring_attrs/nr_regions"
+        io.write(nr / "min", min_nr_regions)
+        io.write(nr / "max", max_nr_regions)
+        io.write(ctx / "targets/nr_targets", 1)
+        if ops != "paddr":
+            io.write(ctx / "targets/0/pid_target", pid)
+        _write_schemes(ctx, schemes, intervals.sample_us)
+        io.write(kd.dir / "state", "on")
+        turned_on = True
+        kd.kdamond_pid = io.read_int(kd.dir / "pid")
+        if not kd.kdamond_pid or kd.kdamond_pid <= 0:
+            raise DamonHpError(f"damon-hp: kdamond {plan.index} did not start (pid file says "
+                               f"{kd.kdamond_pid})")
+    except BaseException:
+        # Undo only what we made (e.g. Ctrl-C right after `on`): the kdamond at our index
+        # was turned on by this very call, and nr_kdamonds has been locked since.
+        try:
+            if turned_on and kd.live_pid() is not None:
+                io.turn_off(kd.dir, lambda: kd.live_pid() is not None)
+            if kd.live_pid() is None:
+                _clear_idle_dir(admin, plan.index, pid)
+        finally:
+            ownership.remove_record(plan.index, run_dir, only=record)
+        raise
+    kd.record = ownership.OwnerRecord(**{**record.to_dict(), "kdamond_pid": kd.kdamond_pid})
+    ownership.write_record(kd.record, run_dir)
+    return kd
+
+
+def reclaim_stale(run_dir: Path | None = None, admin: Path = ADMIN) -> list[str]:
+    """Stop kdamonds left running by damon-hp agents that died; return what was done.
+
+    A kdamond is stopped only when a record proves it ours (same boot, live kdamond pid equal
+    to the recorded one) and the agent named in the record is gone. Records that prove
+    nothing are deleted; their kdamonds, if any, are left alone.
+    """
+    done = []
+    for index, rec in ownership.read_records(run_dir).items():
+        if rec.this_boot() and rec.agent_alive():
+            continue
+        if rec.this_boot():
+            kd = admin / "kdamonds" / str(index)
+            try:
+                state = io.read(kd / "state")
+            except OSError:
+                state = "absent"
+            pid = io.read_int(kd / "pid", -1)
+            targets = tuple(io.read_int(t / "pid_target", 0) or 0
+                            for t in io.numbered_dirs(kd / "contexts/0/targets"))
+            if state == "on" and rec.proves(index, pid, targets):
+                state_file = kd / "state"
+                io.turn_off(kd, lambda f=state_file: io.read(f) != "off")
+                done.append(f"stopped kdamond {index} (pid {pid}) left running by damon-hp "
+                            f"agent pid {rec.agent_pid}, which is gone")
+            elif state == "on":
+                done.append(f"dropped the record of kdamond {index}: the kdamond running there "
+                            f"(pid {pid}) is not the one damon-hp started, so it is left alone")
+            if state != "absent":
+                try:
+                    _clear_idle_dir(admin, index, rec.target_pid)
+                except DamonHpError as e:
+                    done.append(f"could not clear idle kdamond {index}: {e}")
+        ownership.remove_record(index, run_dir, only=rec)
+    return done
+
+
+
+def stop_unowned_in_vm(index: int, admin: Path = ADMIN) -> bool:
+    """Test VM only: turn off kdamond `index` although damon-hp did not start it.
+
+    For the experiment runner, which starts damo's kdamond for the DAMOS-ethp arm (and stops
+    one a crashed arm left behind) so that the next run starts from a free DAMON. Returns
+    whether the kdamond is off now. Refused outside the VM: there it is someone else's.
+    """
+    require_vm(f"stop kdamond {index}, which damon-hp did not start,")
+    kd = admin / "kdamonds" / str(index)
+    if io.read(kd / "state") != "on":
+        return True
+    return io.turn_off(kd, lambda: io.read(kd / "state") != "off")
+
+
+def clear_all_in_vm(admin: Path = ADMIN) -> None:
+    """Test VM only: remove every idle kdamond dir (nr_kdamonds 0), as after a fresh boot."""
+    require_vm("remove DAMON's kdamond directories")
+    nr = admin / "kdamonds/nr_kdamonds"
+    if nr.exists() and io.read_int(nr, 0) != 0:
+        io.write(nr, 0)

@@ -1,0 +1,318 @@
+"""Where the agent's access data comes from: three sources behind one interface.
+
+- `vaddr`: a kdamond damon-hp starts on the target's virtual address space. The only source
+  that can also carry DAMOS `hugepage`/`nohugepage` marks (they act on the target's mm).
+- `paddr`: a kdamond damon-hp starts over physical memory, for kernels without vaddr whose
+  DAMON is free. Its regions are physical; `revmap` maps them back onto the target.
+- `passive`: a kdamond that is not ours (another tool's sysfs kdamond, DAMON_STAT,
+  DAMON_RECLAIM, DAMON_LRU_SORT), read through its `damon_aggregated` events only. Nothing is
+  ever written under /sys/kernel/mm/damon; its intervals and schemes stay its owner's.
+
+Every source hands the policy a `Snapshot` of the target's *virtual* address space, so the
+policy does not know which source it has. `open_source(request, pid, monitor)` picks one
+(`auto`: vaddr, then paddr, then passive) and says why in `AccessSource.info()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .. import procfs
+from ..errors import DamonHpError, EnvironmentProblem
+from . import events, kdamond, placement, revmap
+from .kdamond import KdamondStopped, OwnedKdamond
+from .model import Intervals, IntervalsGoal, Snapshot
+from .status import (
+    OWNER_FOREIGN,
+    DamonStatus,
+    KdamondInfo,
+    probe,
+    read_intervals,
+    read_max_regions,
+    running_kdamond_pids,
+    scheme_actions,
+)
+
+KINDS = ("auto", "vaddr", "paddr", "passive")
+
+
+@dataclass(frozen=True)
+class SourceRequest:
+    """`--source`: which source the user asked for, and for passive optionally which kdamond."""
+
+    kind: str = "auto"
+    kdamond_pid: int | None = None
+
+    def __str__(self) -> str:
+        return self.kind + (f"={self.kdamond_pid}" if self.kdamond_pid else "")
+
+
+def parse_source(text: str) -> SourceRequest:
+    """'auto' | 'vaddr' | 'paddr' | 'passive' | 'passive=PID' -> SourceRequest."""
+    kind, _, pid_text = text.strip().partition("=")
+    if kind not in KINDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a source: use auto, vaddr, paddr, passive or passive=PID")
+    if not pid_text:
+        return SourceRequest(kind)
+    if kind != "passive":
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: only passive takes a kdamond pid (passive=PID)")
+    if not pid_text.isdigit() or int(pid_text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: {pid_text!r} is not a kdamond pid")
+    return SourceRequest(kind, int(pid_text))
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """How our own kdamond (vaddr, paddr) watches; a passive source ignores these."""
+
+    intervals: Intervals
+    min_nr_regions: int
+    max_nr_regions: int
+    intervals_goal: IntervalsGoal | None
+
+
+class AccessSource(Protocol):
+    name: str
+    """vaddr | paddr | passive"""
+    kdamond_pid: int | None
+    owned: OwnedKdamond | None
+    """our kdamond, when the source can carry DAMOS schemes for the target (vaddr)"""
+
+    def snapshot(self) -> Snapshot | None:
+        """The next whole aggregation in the target's virtual addresses; None when none came
+        within about one aggregation interval. Raises KdamondStopped once the kdamond is gone."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """Name, why chosen, kdamond, intervals, reader, limits: for progress, status, JSON."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Base:
+    name: str
+    reason: str
+    kdamond_label: str
+    kdamond_pid: int | None
+    sample_us: int
+    aggr_us: int
+    reader: str
+    limits: list[str] = field(default_factory=list)
+    owned: OwnedKdamond | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "reason": self.reason, "kdamond": self.kdamond_label,
+                "kdamond_pid": self.kdamond_pid, "sample_us": self.sample_us,
+                "aggr_us": self.aggr_us, "reader": self.reader, "limits": list(self.limits)}
+
+
+class VaddrSource(_Base):
+    """Our kdamond on the target: snapshots from its event stream, or tried_regions."""
+
+    def __init__(self, kd: OwnedKdamond, reason: str, stream: events.AggregatedEventStream | None,
+                 stream_error: str | None) -> None:
+        reader = "event stream" if stream is not None else "tried_regions"
+        limits = []
+        if stream is None:
+            limits.append(f"event stream unavailable ({stream_error}); reading tried_regions, "
+                          "which costs a sysfs read per region")
+        super().__init__("vaddr", reason, f"kdamond {kd.index} (ours)", kd.kdamond_pid,
+                         kd.intervals.sample_us, kd.intervals.aggr_us, reader, limits, kd)
+        self.kd = kd
+        self.stream = stream
+
+    def snapshot(self) -> Snapshot | None:
+        if self.stream is None or self.kd.autotuned:
+            return self.kd.snapshot()
+        snap = self.stream.next_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
+        if snap is None and not self.kd.is_running():
+            raise KdamondStopped(f"damon-hp: kdamond {self.kd.index} stopped")
+        return snap
+
+    def close(self) -> None:
+        try:
+            if self.stream is not None:
+                self.stream.close()
+        finally:
+            self.kd.stop()
+
+
+class ReverseMappedSource(_Base):
+    """A paddr kdamond's events (ours or not), reverse-mapped onto the target."""
+
+    def __init__(self, name: str, reason: str, label: str, kdamond_pid: int,
+                 sample_us: int, aggr_us: int, stream: events.AggregatedEventStream,
+                 target_pid: int, limits: list[str], alive: Callable[[], bool],
+                 owned_kd: OwnedKdamond | None = None) -> None:
+        super().__init__(name, reason, label, kdamond_pid, sample_us, aggr_us,
+                         "event stream + pagemap reverse map", limits)
+        self.stream = stream
+        self.target_pid = target_pid
+        self._alive = alive
+        self._owned_kd = owned_kd
+
+    def snapshot(self) -> Snapshot | None:
+        phys = self.stream.next_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
+        if phys is None:
+            if not self._alive():
+                raise KdamondStopped(f"damon-hp: {self.kdamond_label} stopped")
+            return None
+        try:
+            maps = procfs.read_maps(self.target_pid)
+            frames = revmap.read_page_frames(
+                self.target_pid, [(m.start, m.end) for m in maps if m.anonymous_private])
+        except (procfs.ProcessGone, revmap.ProcessGone):
+            return None  # the agent's loop notices the exit through its pidfd
+        return revmap.reverse_map(phys, frames).snapshot
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        finally:
+            if self._owned_kd is not None:
+                self._owned_kd.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# choosing and opening
+
+
+PASSIVE_LIMITS = [
+    "the foreign kdamond's intervals set how soon a hot set shows (up to two aggregations)",
+    "its own schemes keep running; damon-hp never changes them",
+    "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is by "
+    "collapse alone, demotion cannot mark MADV_NOHUGEPAGE",
+]
+PADDR_LIMITS = [
+    "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is by "
+    "collapse alone, demotion cannot mark MADV_NOHUGEPAGE",
+    "one kdamond watches all of physical memory; its regions are split among every process",
+]
+
+
+def _open_vaddr(pid: int, mon: MonitorSettings, reason: str) -> VaddrSource:
+    kd = kdamond.start_vaddr(pid, mon.intervals, mon.min_nr_regions, mon.max_nr_regions, (),
+                             mon.intervals_goal)
+    stream, err = None, None
+    try:
+        stream = events.AggregatedEventStream(
+            kd.kdamond_pid or 0, sample_us=mon.intervals.sample_us,
+            aggr_us=mon.intervals.aggr_us, target_pids=pid,
+            max_nr_regions=mon.max_nr_regions).open()
+    except DamonHpError as e:
+        err = str(e).removeprefix("damon-hp: ")
+    except BaseException:
+        kd.stop()
+        raise
+    return VaddrSource(kd, reason, stream, err)
+
+
+def _open_paddr(pid: int, mon: MonitorSettings, reason: str) -> ReverseMappedSource:
+    # No auto-tuning: the stream needs fixed intervals to read nr_accesses right.
+    kd = kdamond.start_paddr(mon.intervals, mon.min_nr_regions, mon.max_nr_regions, None)
+    try:
+        stream = events.AggregatedEventStream(
+            kd.kdamond_pid or 0, sample_us=mon.intervals.sample_us,
+            aggr_us=mon.intervals.aggr_us, max_nr_regions=mon.max_nr_regions).open()
+    except BaseException:
+        kd.stop()
+        raise
+    return ReverseMappedSource("paddr", reason, f"kdamond {kd.index} (ours, paddr)",
+                               kd.kdamond_pid or 0, mon.intervals.sample_us,
+                               mon.intervals.aggr_us, stream, pid, list(PADDR_LIMITS),
+                               kd.is_running, kd)
+
+
+def _pick_passive(found: DamonStatus, want_pid: int | None) -> KdamondInfo:
+    candidates = [k for k in found.running if k.owner == OWNER_FOREIGN
+                  and k.pid and k.ops and k.ops[0] in ("paddr", "vaddr", "fvaddr")]
+    if want_pid is not None:
+        for k in found.running:
+            if k.pid == want_pid:
+                if k.owner != OWNER_FOREIGN:
+                    raise EnvironmentProblem(
+                        f"damon-hp: {k.describe()} is damon-hp's own; --source passive reads a "
+                        "kdamond someone else started")
+                return k
+        raise EnvironmentProblem(
+            f"damon-hp: no running kdamond has pid {want_pid}; running: "
+            + (", ".join(k.describe() for k in found.running) or "none"))
+    if not candidates:
+        raise EnvironmentProblem(
+            "damon-hp: no running kdamond that damon-hp did not start, so there is nothing to "
+            "read passively")
+    # paddr first: it covers every process; a foreign vaddr kdamond only its own targets.
+    return sorted(candidates, key=lambda k: (k.ops[0] != "paddr", k.index))[0]
+
+
+def _open_passive(pid: int, request: SourceRequest, found: DamonStatus,
+                  reason: str) -> ReverseMappedSource | VaddrSource:
+    k = _pick_passive(found, request.kdamond_pid)
+    iv = read_intervals(k.index)
+    if iv is None:
+        raise EnvironmentProblem(f"damon-hp: cannot read the intervals of {k.describe()}")
+    sample_us, aggr_us, _ = iv
+    ops = k.ops[0]
+    if ops != "paddr" and pid not in k.target_pids:
+        raise EnvironmentProblem(
+            f"damon-hp: {k.describe()} watches the virtual memory of pids "
+            f"{', '.join(map(str, k.target_pids))}, not {pid}; it cannot be read for this "
+            "process")
+    schemes = ", ".join(scheme_actions(k.index)) or "none"
+    limits = [PASSIVE_LIMITS[0], f"its own schemes ({schemes}) keep running; damon-hp never "
+              "changes them", *PASSIVE_LIMITS[2:]]
+    kpid = k.pid or 0
+    stream = events.AggregatedEventStream(kpid, sample_us=sample_us, aggr_us=aggr_us,
+                                          max_nr_regions=read_max_regions(k.index)).open()
+    label = f"kdamond {k.index} (pid {kpid}, {ops}, not ours)"
+
+    def alive() -> bool:
+        return kpid in running_kdamond_pids().values()
+
+    if ops == "paddr":
+        return ReverseMappedSource("passive", reason, label, kpid, sample_us, aggr_us, stream,
+                                   pid, limits, alive)
+    stream.close()
+    raise EnvironmentProblem(
+        f"damon-hp: passive reading of a foreign {ops} kdamond is not supported yet; "
+        "a paddr kdamond is")
+
+
+def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> AccessSource:
+    """Open the requested source (auto: the first that works) or say why none can."""
+    found = probe()
+    if not found.sysfs_present:
+        raise EnvironmentProblem(
+            "damon-hp: DAMON sysfs (/sys/kernel/mm/damon/admin) is missing: this kernel has no "
+            "DAMON (CONFIG_DAMON_SYSFS). See `damon-hp doctor`.")
+    if not found.readable:
+        raise EnvironmentProblem(f"damon-hp: {found.error}; run damon-hp as root.")
+    if request.kind == "vaddr":
+        return _open_vaddr(pid, mon, "asked for with --source vaddr")
+    if request.kind == "paddr":
+        return _open_paddr(pid, mon, "asked for with --source paddr")
+    if request.kind == "passive":
+        return _open_passive(pid, request, found, "asked for with --source passive")
+    refusals = []
+    for kind in ("vaddr", "paddr"):
+        try:
+            placement.plan_start(found, kind)
+        except EnvironmentProblem as e:
+            refusals.append(f"{kind}: {str(e).removeprefix('damon-hp: ')}")
+            continue
+        why = "auto: " + ("the best source, DAMON is free" if kind == "vaddr" else
+                          "no vaddr here (" + refusals[0] + ")")
+        return _open_vaddr(pid, mon, why) if kind == "vaddr" else _open_paddr(pid, mon, why)
+    try:
+        return _open_passive(pid, request, found, "auto: " + "; ".join(refusals))
+    except EnvironmentProblem as e:
+        refusals.append(f"passive: {str(e).removeprefix('damon-hp: ')}")
+    raise EnvironmentProblem("damon-hp: no DAMON access source works here:\n  "
+                             + "\n  ".join(refusals))

@@ -1,0 +1,116 @@
+"""Address ranges and the 2 MiB arithmetic of huge pages: the one place for both.
+
+Every layer speaks `AddrRange`: DAMON regions and scheme filters, the policy's hot spans, the
+ranges /proc readers measure, a benchmark's printed hot range. A huge page can only back a
+2 MiB-aligned 2 MiB range, so "which whole huge pages fit in this range" is asked everywhere;
+it is answered here only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+PAGE_BYTES = 4096
+HUGE_PAGE_BYTES = 2 << 20
+PAGES_PER_HUGE = HUGE_PAGE_BYTES // PAGE_BYTES
+
+
+@dataclass(frozen=True, order=True)
+class AddrRange:
+    """A byte range [start, end) of an address space (virtual, or physical for paddr)."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"bad address range [{self.start:#x}, {self.end:#x})")
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def overlap(self, other: AddrRange) -> int:
+        """Bytes this range shares with `other`."""
+        return max(0, min(self.end, other.end) - max(self.start, other.start))
+
+    def contains(self, other: AddrRange) -> bool:
+        return self.start <= other.start and other.end <= self.end
+
+    def to_dict(self) -> dict[str, int]:
+        return {"start": self.start, "end": self.end}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AddrRange:
+        return cls(int(d["start"]), int(d["end"]))
+
+
+def align_up(addr: int) -> int:
+    return -(-addr // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+
+
+def align_down(addr: int) -> int:
+    return addr // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+
+
+def huge_range(start: int) -> AddrRange:
+    """The 2 MiB range starting at the aligned address `start`."""
+    return AddrRange(start, start + HUGE_PAGE_BYTES)
+
+
+def huge_starts(rng: AddrRange) -> list[int]:
+    """Starts of the 2 MiB-aligned ranges that lie completely inside `rng`."""
+    return list(range(align_up(rng.start), align_down(rng.end), HUGE_PAGE_BYTES))
+
+
+def huge_capable_bytes(ranges: Iterable[AddrRange]) -> int:
+    """Bytes of `ranges` covered by whole, aligned 2 MiB pages: the most that can be huge."""
+    return sum(max(0, align_down(r.end) - align_up(r.start)) for r in ranges)
+
+
+def coalesce(starts: Iterable[int]) -> tuple[AddrRange, ...]:
+    """Turn 2 MiB range starts into the fewest contiguous ranges."""
+    out: list[AddrRange] = []
+    for start in sorted(set(starts)):
+        if out and out[-1].end == start:
+            out[-1] = AddrRange(out[-1].start, start + HUGE_PAGE_BYTES)
+        else:
+            out.append(huge_range(start))
+    return tuple(out)
+
+
+def merge_adjacent(ranges: Iterable[AddrRange]) -> list[AddrRange]:
+    """Merge touching or overlapping ranges."""
+    merged: list[AddrRange] = []
+    for r in sorted(ranges):
+        if merged and r.start <= merged[-1].end:
+            merged[-1] = AddrRange(merged[-1].start, max(merged[-1].end, r.end))
+        else:
+            merged.append(r)
+    return merged
+
+
+def intersect(ranges: Iterable[AddrRange], limits: Iterable[AddrRange]) -> list[AddrRange]:
+    """The parts of `ranges` inside any of `limits` (one piece per overlapping pair)."""
+    limits = list(limits)
+    out = []
+    for r in ranges:
+        for lim in limits:
+            start, end = max(r.start, lim.start), min(r.end, lim.end)
+            if start < end:
+                out.append(AddrRange(start, end))
+    return out
+
+
+def inside_any(start: int, ranges: Iterable[AddrRange]) -> bool:
+    """Whether the 2 MiB range at `start` lies wholly inside one of `ranges`."""
+    rng = huge_range(start)
+    return any(r.contains(rng) for r in ranges)
+
+
+def covered(ranges: Iterable[AddrRange], by: Iterable[AddrRange]) -> bool:
+    """Whether every byte of `ranges` lies in the union of `by`."""
+    union = merge_adjacent(by)
+    return all(any(u.contains(r) for u in union) for r in ranges)
