@@ -27,7 +27,10 @@ DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
 HOTCOLD = str(ROOT / "workloads/bin/hotcold")
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
-DEADLINE_S = 20.0
+# Behaviour, not speed: the hot set must become huge while the 60 s workload runs, the cold set
+# must not. How fast is a benchmark's question (README); under emulation on a loaded 2-core
+# host an agent that made it in 16 s alone took over 20 s (a fresh-clone CI run, 2026-11-23).
+DEADLINE_S = 45.0
 HOT_SHARE = 0.90
 COLD_SHARE = 0.02
 
