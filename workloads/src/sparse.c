@@ -1,0 +1,253 @@
+/*
+ * sparse: ground truth for "what do huge pages cost on memory that is mostly empty".
+ *
+ * Three separate 2 MiB-aligned anonymous mappings: a hot one, read at random cache lines by every
+ * thread for the whole run (as in hotcold); a dense cold one, written once per 4 KiB page at start
+ * (as in hotcold); and a sparse one, in which only the first 4 KiB page of every --stride bytes
+ * (64 KiB by default) is written once at start, the way an allocator's heap looks after most of
+ * its objects were freed. On 4 KiB pages the sparse region costs 1/16 of its size; backed by
+ * huge pages it costs all of it, since every 2 MiB holds a touched page (32 of them). That 16x
+ * is the memory bloat that THP "always" brings and that damon-hp should avoid.
+ *
+ * Nothing is madvised unless --madvise-hugepage is given: then every region is
+ * madvise(MADV_HUGEPAGE)d before it is touched, so that under the host's THP mode "madvise" this
+ * one process faults huge pages as THP "always" would, without a global switch.
+ *
+ * --retouch-seconds S (default 0: never) makes the main thread read one byte of every touched
+ * sparse page every S seconds, so the sparse region is not fully idle: the live objects left on
+ * a fragmented heap are still used now and then.
+ */
+#include <getopt.h>
+
+#include "microbench.h"
+
+#define PROG "sparse"
+#define DEFAULT_HOT (64ULL << 20)
+#define DEFAULT_COLD (64ULL << 20)
+#define DEFAULT_SPARSE (1ULL << 30)
+#define DEFAULT_STRIDE (64ULL << 10)
+#define BATCH 4096
+
+struct worker {
+	struct mb_worker mb;
+	const uint64_t *hot;
+	uint64_t lines;
+	uint64_t sink;
+	char pad[64];
+};
+
+static atomic_bool stop;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: sparse [--hot SIZE] [--cold SIZE] [--sparse SIZE] [--stride SIZE]\n"
+		"              [--retouch-seconds S] [--madvise-hugepage] [--threads N] [--seconds S]\n"
+		"  Maps a hot, a cold and a sparse region (separate anonymous mmaps, 2 MiB-aligned),\n"
+		"  writes every 4 KiB page of the hot and cold regions once and only the first 4 KiB\n"
+		"  page of every STRIDE bytes of the sparse region, then reads random 64-byte lines of\n"
+		"  the hot region from N threads for S seconds (S = 0: until SIGINT/SIGTERM).\n"
+		"  --hot SIZE            hot region size (default 64M); suffixes K, M, G (1024-based)\n"
+		"  --cold SIZE           dense cold region size (default 64M)\n"
+		"  --sparse SIZE         sparse region size (default 1G)\n"
+		"  --stride SIZE         one page is touched per STRIDE bytes of the sparse region,\n"
+		"                        a multiple of 4K (default 64K: 1/16 of the region)\n"
+		"  --retouch-seconds S   read every touched sparse page again every S seconds,\n"
+		"                        fractions allowed (default 0: never)\n"
+		"  --madvise-hugepage    madvise(MADV_HUGEPAGE) every region before touching it\n"
+		"                        (default: no madvise)\n"
+		"  --threads N           reader threads, 1..1024 (default 1)\n"
+		"  --seconds S           run time in seconds, fractions allowed (default 10)\n"
+		"stdout, one JSON object per line:\n"
+		"  at start: {\"pid\":P,\"hot\":{\"start\":A,\"end\":B},\"cold\":{\"start\":C,\"end\":D},\n"
+		"             \"sparse\":{\"start\":E,\"end\":F,\"stride\":S,\"touched_pages\":T}}\n"
+		"            (decimal virtual addresses, end exclusive)\n"
+		"  at end:   {\"retouches\":K,\"ops\":N,\"seconds\":T,\"ops_per_s\":R,\n"
+		"             \"stopped_by\":\"timeout\"|\"SIGTERM\"|\"SIGINT\"}\n"
+		"Exit status: 0 done, 1 runtime failure, 2 bad arguments.\n");
+}
+
+#define bad_args(...) mb_bad_args(PROG, usage, __VA_ARGS__)
+
+static void *reader(void *arg)
+{
+	struct worker *w = arg;
+	uint64_t state = w->mb.seed, sum = 0;
+	/* At least one batch per thread, as in hotcold: a loaded machine still reports real reads. */
+	do {
+		sum += mb_read_random_lines(w->hot, w->lines, &state, BATCH);
+		atomic_fetch_add_explicit(&w->mb.ops, BATCH, memory_order_relaxed);
+	} while (!atomic_load_explicit(&stop, memory_order_relaxed));
+	w->sink = sum;
+	return NULL;
+}
+
+/* One byte of the first 4 KiB page of every `stride` bytes: written at start, read on a
+ * retouch. Volatile, so every access really happens. */
+static void touch_sparse(unsigned char *p, uint64_t size, uint64_t stride, bool write)
+{
+	volatile unsigned char *c = p;
+	for (uint64_t off = 0; off < size; off += stride) {
+		if (write)
+			c[off] = 1;
+		else
+			(void)c[off];
+	}
+}
+
+/* Maps a region and, when asked, madvises it before anything touches it. */
+static void *map_region(const char *name, uint64_t size, bool *hugepage)
+{
+	void *p = mb_map_aligned(size);
+	if (!p) {
+		fprintf(stderr, "sparse: mmap of the %s region (%" PRIu64 " bytes) failed: %s\n", name,
+			size, strerror(errno));
+		exit(1);
+	}
+	if (*hugepage && madvise(p, (size + MB_PAGE - 1) & ~(MB_PAGE - 1), MADV_HUGEPAGE)) {
+		fprintf(stderr, "sparse: madvise(MADV_HUGEPAGE) failed: %s (THP not built in?); "
+			"continuing on 4 KiB pages\n", strerror(errno));
+		*hugepage = false;
+	}
+	return p;
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t hot_size = DEFAULT_HOT, cold_size = DEFAULT_COLD, sparse_size = DEFAULT_SPARSE;
+	uint64_t stride = DEFAULT_STRIDE;
+	long long threads = 1;
+	double seconds = 10, retouch_seconds = 0;
+	bool hugepage = false;
+	static const struct option opts[] = {
+		{ "hot", required_argument, NULL, 'h' },
+		{ "cold", required_argument, NULL, 'c' },
+		{ "sparse", required_argument, NULL, 'p' },
+		{ "stride", required_argument, NULL, 'r' },
+		{ "retouch-seconds", required_argument, NULL, 'R' },
+		{ "madvise-hugepage", no_argument, NULL, 'g' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "seconds", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'H' },
+		{ 0 },
+	};
+	int opt;
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'h':
+			if (!(hot_size = mb_parse_size(optarg)))
+				bad_args("--hot: '%s' is not a size > 0 (e.g. 64M)", optarg);
+			break;
+		case 'c':
+			if (!(cold_size = mb_parse_size(optarg)))
+				bad_args("--cold: '%s' is not a size > 0 (e.g. 64M)", optarg);
+			break;
+		case 'p':
+			if (!(sparse_size = mb_parse_size(optarg)))
+				bad_args("--sparse: '%s' is not a size > 0 (e.g. 1G)", optarg);
+			break;
+		case 'r':
+			stride = mb_parse_size(optarg);
+			if (!stride || stride % MB_PAGE)
+				bad_args("--stride: '%s' is not a multiple of 4K > 0 (e.g. 64K)", optarg);
+			break;
+		case 'R':
+			if ((retouch_seconds = mb_parse_seconds(optarg)) < 0)
+				bad_args("--retouch-seconds: '%s' is not a number of seconds >= 0",
+					 optarg);
+			break;
+		case 'g':
+			hugepage = true;
+			break;
+		case 't':
+			threads = mb_parse_count(optarg);
+			if (threads < 1 || threads > 1024)
+				bad_args("--threads: '%s' is not a number from 1 to 1024", optarg);
+			break;
+		case 's':
+			if ((seconds = mb_parse_seconds(optarg)) < 0)
+				bad_args("--seconds: '%s' is not a number of seconds >= 0", optarg);
+			break;
+		case 'H':
+			usage(stdout);
+			return 0;
+		default:
+			bad_args("unknown or incomplete option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		bad_args("unexpected argument '%s'", argv[optind]);
+	if (hot_size < MB_LINE)
+		bad_args("--hot: must be at least 64 bytes");
+
+	sigset_t stopset;
+	mb_block_stop_signals(&stopset);
+
+	/* Three mmaps, so each is its own VMA and DAMON region candidate. */
+	uint64_t *hot = map_region("hot", hot_size, &hugepage);
+	unsigned char *cold = map_region("cold", cold_size, &hugepage);
+	unsigned char *sparse = map_region("sparse", sparse_size, &hugepage);
+	uint64_t touched_pages = (sparse_size + stride - 1) / stride;
+	touch_sparse(sparse, sparse_size, stride, true);
+	mb_touch_pages(cold, cold_size, 2);
+	/* Writing the hot region makes its pages real, as in hotcold (not the shared zero page). */
+	mb_touch_pages(hot, hot_size, 3);
+
+	printf("{\"pid\":%d,\"hot\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "},"
+	       "\"cold\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "},"
+	       "\"sparse\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR ",\"stride\":%" PRIu64
+	       ",\"touched_pages\":%" PRIu64 "}}\n",
+	       (int)getpid(), (uintptr_t)hot, (uintptr_t)hot + (uintptr_t)hot_size,
+	       (uintptr_t)cold, (uintptr_t)cold + (uintptr_t)cold_size,
+	       (uintptr_t)sparse, (uintptr_t)sparse + (uintptr_t)sparse_size, stride, touched_pages);
+	fflush(stdout);
+
+	struct worker *w = mb_alloc_workers(PROG, threads, sizeof(*w));
+	if (!w)
+		return 1;
+	double t0 = mb_now(CLOCK_MONOTONIC);
+	for (long long i = 0; i < threads; i++) {
+		w[i].hot = hot;
+		w[i].lines = hot_size / MB_LINE;
+		w[i].mb.seed = 0x59a20000ULL + (uint64_t)i;
+	}
+	if (mb_start_workers(PROG, w, sizeof(*w), threads, reader, &stop))
+		return 1;
+
+	/* The main thread waits for the end, re-reading the sparse pages on the way if asked. */
+	int sig;
+	uint64_t retouches = 0;
+	if (retouch_seconds > 0) {
+		double end = seconds > 0 ? t0 + seconds : 0;
+		for (;;) {
+			double wait = retouch_seconds;
+			if (end) {
+				double left = end - mb_now(CLOCK_MONOTONIC);
+				if (left <= 0) {
+					sig = 0;
+					break;
+				}
+				if (left < wait)
+					wait = left;
+			}
+			if ((sig = mb_wait_signal(&stopset, wait)))
+				break;
+			if (end && mb_now(CLOCK_MONOTONIC) >= end)
+				break;
+			touch_sparse(sparse, sparse_size, stride, false);
+			retouches++;
+		}
+	} else {
+		sig = mb_wait_signal(&stopset, seconds);
+	}
+	uint64_t ops = mb_stop_workers(w, sizeof(*w), threads, &stop);
+	char lead[48];
+	snprintf(lead, sizeof(lead), "\"retouches\":%" PRIu64 ",", retouches);
+	mb_print_ops_line(lead, ops, mb_now(CLOCK_MONOTONIC) - t0, sig);
+	free(w);
+	mb_unmap_aligned(hot, hot_size);
+	mb_unmap_aligned(cold, cold_size);
+	mb_unmap_aligned(sparse, sparse_size);
+	return 0;
+}
