@@ -1,0 +1,223 @@
+"""The pure paddr reverse map: physical regions + a process's page frames -> virtual picture.
+
+The real case: the last aggregation of tests/fixtures/damon-aggregated-paddr-host-6.18.txt
+and the page frames of the hotcold process that ran meanwhile (a sample of its 2 MiB windows,
+tests/fixtures/revmap-hotcold-paddr-host-6.18.json). Every result is also checked against a
+slow page-by-page reference. The small synthetic cases pin down the rules (which pages count,
+the share quantile, clipping, addr_unit) with numbers one can check by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from array import array
+from bisect import bisect_right
+from pathlib import Path
+
+import pytest
+from damon_hp.damon.events import SnapshotAssembler, parse_event_line
+from damon_hp.damon.model import Region, Snapshot
+from damon_hp.damon.revmap import (
+    HUGE_PAGE_BYTES,
+    PAGE_BYTES,
+    PM_PRESENT,
+    FrameRun,
+    PageFrames,
+    reverse_map,
+)
+from damon_hp.policy import PolicyParams, PolicyState, decide
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REVMAP = FIXTURES / "revmap-hotcold-paddr-host-6.18.json"
+MIB = 1 << 20
+PAGES = HUGE_PAGE_BYTES // PAGE_BYTES  # 512
+
+
+def load_real() -> tuple[dict, Snapshot, PageFrames]:
+    fx = json.loads(REVMAP.read_text())
+    lines = (FIXTURES / fx["trace"]).read_text().splitlines()[1:]
+    snaps = SnapshotAssembler(sample_us=fx["sample_us"], aggr_us=fx["aggr_us"]).feed_all(
+        parse_event_line(line) for line in lines)
+    windows = sorted(w for k in ("hot", "cold") for w in fx["windows"][k])
+    frames = PageFrames(
+        fx["pid"],
+        tuple((start, start + HUGE_PAGE_BYTES) for start, _ in windows),
+        tuple(FrameRun(start, array("Q", (PM_PRESENT | p if p else 0 for p in pfns)))
+              for start, pfns in windows),
+    )
+    return fx, snaps[-1], frames
+
+
+def reference(phys: Snapshot, frames: PageFrames, share_pct: float) -> dict[int, tuple]:
+    """Page by page: (resident, monitored, accessed, nr_accesses) per window start."""
+    regions = sorted(phys.regions, key=lambda r: r.start)
+    starts = [r.start for r in regions]
+    per_window: dict[int, list[int | None]] = {}
+    for run in frames.runs:
+        for i, e in enumerate(run.entries):
+            if not e & PM_PRESENT:
+                continue
+            addr = (e & ((1 << 55) - 1)) * PAGE_BYTES
+            k = bisect_right(starts, addr) - 1
+            acc = regions[k].nr_accesses if k >= 0 and addr < regions[k].end else None
+            vaddr = run.start + i * PAGE_BYTES
+            per_window.setdefault(vaddr - vaddr % HUGE_PAGE_BYTES, []).append(acc)
+    out = {}
+    for w, accs in per_window.items():
+        known = sorted((a for a in accs if a is not None), reverse=True)
+        need = share_pct / 100 * PAGES
+        level = next((a for n, a in enumerate(known, 1) if n >= need), 0)
+        out[w] = (len(accs), len(known), sum(1 for a in known if a), level)
+    return out
+
+
+def summary(result) -> dict[int, tuple]:
+    return {r.start: (r.resident_pages, r.monitored_pages, r.accessed_pages, r.nr_accesses)
+            for r in result.ranges}
+
+
+# -- the real capture ----------------------------------------------------------------------
+
+
+def test_real_capture_matches_the_page_by_page_reference():
+    _, phys, frames = load_real()
+    for share in (50.0, 90.0):
+        assert summary(reverse_map(phys, frames, hot_page_share_pct=share)) == reference(
+            phys, frames, share)
+
+
+def test_real_hot_windows_read_hotter_than_cold_ones():
+    fx, phys, frames = load_real()
+    result = reverse_map(phys, frames)
+    by_start = {r.start: r for r in result.ranges}
+    hot = [by_start[s] for s, _ in fx["windows"]["hot"]]
+    cold = [by_start[s] for s, _ in fx["windows"]["cold"]]
+    assert all(r.resident_pages == PAGES for r in hot + cold)  # hotcold writes every page
+    assert all(r.monitored_pages == PAGES for r in hot + cold)  # and this kdamond sees them
+    mean_share = lambda rs: sum(r.accessed_share for r in rs) / len(rs)  # noqa: E731
+    assert mean_share(hot) > mean_share(cold) + 0.15
+    assert sum(r.nr_accesses > 0 for r in hot) > sum(r.nr_accesses > 0 for r in cold)
+
+
+def test_virtual_snapshot_feeds_the_policy_unchanged():
+    fx, phys, frames = load_real()
+    snap = reverse_map(phys, frames).snapshot
+    assert (snap.pid, snap.sample_us, snap.aggr_us, snap.taken_at_s) == (
+        fx["pid"], phys.sample_us, phys.aggr_us, phys.taken_at_s)
+    assert all(r.end - r.start == HUGE_PAGE_BYTES for r in snap.regions)
+    decision, _ = decide(snap, PolicyState(), PolicyParams())
+    flagged = {r.start for r in snap.regions if snap.access_pct(r) >= 5.0}
+    assert set(decision.hot_ranges) == flagged
+
+
+# -- synthetic cases -----------------------------------------------------------------------
+# Physical layout used below (addresses in bytes, frames of 4 KiB):
+#   region A: frames [1000, 1300)  nr_accesses 10, age 3
+#   region B: frames [1300, 2000)  nr_accesses 0,  age 7
+#   region C: frames [3000, 3100)  nr_accesses 4,  age 1   (frames 2000..2999: not monitored)
+
+A, B, C = (1000, 1300, 10, 3), (1300, 2000, 0, 7), (3000, 3100, 4, 1)
+
+
+def phys(*regions, addr_unit: int = 1) -> Snapshot:
+    return Snapshot(
+        taken_at_s=5.0, pid=0, sample_us=500_000, aggr_us=5_000_000,
+        regions=tuple(Region(s * PAGE_BYTES // addr_unit, e * PAGE_BYTES // addr_unit, a, g)
+                      for s, e, a, g in regions),
+    )
+
+
+V = 0x7F00_0000_0000  # a 2 MiB-aligned virtual address
+
+
+def test_a_run_spanning_two_regions_splits_its_pages_between_them():
+    # 512 pages on frames 1100..1611: 200 in A (hot), 312 in B (idle).
+    frames = PageFrames.from_pfns(1, V, list(range(1100, 1100 + PAGES)))
+    (r,) = reverse_map(phys(A, B, C), frames).ranges
+    assert (r.resident_pages, r.monitored_pages, r.accessed_pages) == (512, 512, 200)
+    assert r.max_nr_accesses == 10 and r.mean_nr_accesses == pytest.approx(200 * 10 / 512)
+    assert r.nr_accesses == 0  # only 39 % of the pages are hot: less than half
+    # age: the smallest among the regions at or above that count (0: both) holding its pages
+    assert r.age == 3
+
+
+def test_the_share_quantile_decides_the_range_access_count():
+    # 300 pages in A (10 accesses), 150 in C (4), 62 in B (0).
+    pfns = list(range(1000, 1300)) + list(range(3000, 3100)) + list(range(3000, 3050)) \
+        + list(range(1500, 1562))
+    frames = PageFrames.from_pfns(1, V, pfns)
+    levels = {share: reverse_map(phys(A, B, C), frames, hot_page_share_pct=share).ranges[0]
+              for share in (50, 80, 90)}
+    assert levels[50].nr_accesses == 10 and levels[50].age == 3  # 300 >= 256 pages at 10
+    assert levels[80].nr_accesses == 4 and levels[80].age == 1  # 450 >= 409.6 pages at >= 4
+    assert levels[90].nr_accesses == 0  # 461 pages needed, only 450 accessed
+
+
+def test_unmonitored_frames_are_resident_but_count_as_idle():
+    frames = PageFrames.from_pfns(1, V, list(range(2000, 2000 + PAGES)))
+    (r,) = reverse_map(phys(A, B, C), frames).ranges
+    assert (r.resident_pages, r.monitored_pages, r.accessed_pages, r.nr_accesses) == (
+        512, 0, 0, 0)
+
+
+def test_a_sparse_hot_window_is_not_called_hot():
+    # 100 resident pages, all in hot region A: collapsing would make 512 resident.
+    frames = PageFrames.from_pfns(1, V, list(range(1000, 1100)) + [None] * (PAGES - 100))
+    (r,) = reverse_map(phys(A, B, C), frames).ranges
+    assert (r.resident_pages, r.accessed_pages, r.max_nr_accesses, r.nr_accesses) == (
+        100, 100, 10, 0)
+
+
+def test_windows_without_resident_pages_are_left_out_and_edges_are_clipped():
+    # A 5 MiB mapping starting 1 MiB into a 2 MiB window: windows [1, 2), [2, 4), [4, 6) MiB.
+    # Resident, all on hot frames: the first 1 MiB (256 pages) and the last 200 pages.
+    pages = 5 * MIB // PAGE_BYTES
+    pfns: list[int | None] = [None] * pages
+    pfns[:256] = range(1000, 1256)
+    pfns[-200:] = range(1000, 1200)
+    frames = PageFrames.from_pfns(1, V + MIB, pfns)
+    result = reverse_map(phys(A, B, C), frames)
+    assert [(r.start - V, r.end - V, r.resident_pages, r.nr_accesses) for r in result.ranges] == [
+        (MIB, 2 * MIB, 256, 10),  # the whole (clipped) window is resident and hot
+        (4 * MIB, 6 * MIB, 200, 0),  # 39 % of a full window: less than half
+    ]
+
+
+def test_swapped_and_absent_entries_are_not_resident():
+    swapped = (1 << 62) | 12345  # swap type/offset, no PFN
+    entries = array("Q", [PM_PRESENT | 1000, swapped, 0, PM_PRESENT | (1 << 56) | 1001])
+    frames = PageFrames(1, ((V, V + 4 * PAGE_BYTES),), (FrameRun(V, entries),))
+    (r,) = reverse_map(phys(A, B, C), frames).ranges
+    assert (r.resident_pages, r.accessed_pages) == (2, 2)
+
+
+def test_addr_unit_scales_physical_addresses():
+    frames = PageFrames.from_pfns(1, V, list(range(1000, 1000 + PAGES)))
+    plain = reverse_map(phys(A, B, C), frames).ranges
+    scaled = reverse_map(phys(A, B, C, addr_unit=4), frames, addr_unit=4).ranges
+    assert plain == scaled
+
+
+def test_scattered_frames_match_the_reference():
+    # Worst case for the run detection: random frames, runs of random length, holes.
+    rng = random.Random(7)
+    regions = []
+    start = 0
+    while start < 40_000:
+        end = start + rng.randrange(1, 900)
+        regions.append((start, end, rng.choice([0, 0, 0, 1, 3, 10]), rng.randrange(20)))
+        start = end + rng.choice([0, 0, 0, 50])
+    pfns: list[int | None] = []
+    while len(pfns) < 6 * PAGES:
+        first, n = rng.randrange(41_000), rng.choice([1, 1, 3, 40, 700])
+        pfns.extend(None if rng.random() < 0.05 else first + i for i in range(n))
+    frames = PageFrames.from_pfns(1, V, pfns[: 6 * PAGES])
+    snap = phys(*regions)
+    assert summary(reverse_map(snap, frames)) == reference(snap, frames, 50.0)
+
+
+def test_share_must_be_a_percentage():
+    frames = PageFrames.from_pfns(1, V, [1000])
+    with pytest.raises(ValueError):
+        reverse_map(phys(A), frames, hot_page_share_pct=0)
