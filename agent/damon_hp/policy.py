@@ -125,7 +125,9 @@ class PolicyParams:
     collapse_bytes_per_s = 256 MiB/s, collapse_burst_s = 1.0
         MADV_COLLAPSE copies each range and may compact or reclaim, charged to the agent. 512 MB
         collapsed in about 0.3 s on the development host, so 256 MiB/s keeps the agent's kernel
-        time around a sixth of a core while still covering a 1 GiB hot set in about 4 s.
+        time around a sixth of a core while still covering a 1 GiB hot set in about 4 s. The
+        bucket holds at least one aggregation interval's worth, so slow snapshots (a foreign
+        kdamond's 5 s) get the same rate.
     retry_after_s = 2.0, max_retry_after_s = 60.0
         A refused collapse (EAGAIN, ENOMEM, EINVAL) is retried after 2 s, doubling up to a minute.
     """
@@ -407,7 +409,10 @@ def decide(
 
     # Limits: budget on huge bytes held, token bucket on bytes collapsed per second.
     budget = _budget_bytes(params, rss_bytes)
-    burst = params.collapse_bytes_per_s * params.collapse_burst_s
+    # The bucket holds at least one snapshot interval's worth: with a foreign kdamond's 5 s
+    # aggregations a 1 s bucket let 256 MiB through per snapshot, a fifth of the set rate.
+    interval = snapshot.aggr_us / 1e6
+    burst = params.collapse_bytes_per_s * max(params.collapse_burst_s, interval)
     if state.credit_bytes is None or state.last_taken_at_s is None:
         credit = burst
     else:

@@ -168,3 +168,14 @@ def test_params_reject_nonsense() -> None:
     ):
         with pytest.raises(ValueError):
             PolicyParams(**bad)
+
+
+def test_the_rate_bucket_holds_one_snapshot_interval_so_slow_snapshots_keep_the_rate() -> None:
+    # 5 s aggregations (a foreign kdamond's): 64 ready ranges, 8 ranges/s allowed -> 40 per
+    # snapshot, not the 8 a 1 s bucket would let through
+    params = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0,
+                          collapse_bytes_per_s=8 * H, collapse_burst_s=1.0)
+    slow = Snapshot(taken_at_s=0.0, pid=1, sample_us=500_000, aggr_us=5_000_000,
+                    regions=(Region(BASE, BASE + 64 * H, 10, 10),))
+    d, _ = decide(slow, PolicyState(), params)
+    assert len(d.promote) == 40 and d.held_by_rate == 24

@@ -287,6 +287,11 @@ def _open_passive(pid: int, request: SourceRequest, found: DamonStatus,
 
 def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> AccessSource:
     """Open the requested source (auto: the first that works) or say why none can."""
+    # A kdamond a SIGKILLed agent of ours left running would block every start: stop it first
+    # (only ever one an ownership record proves ours), then judge what DAMON offers.
+    if request.kind != "passive":
+        kdamond.reclaim_stale()
+    events.remove_stale_instances()
     found = probe()
     if not found.sysfs_present:
         raise EnvironmentProblem(

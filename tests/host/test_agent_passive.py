@@ -1,0 +1,79 @@
+"""damon-hp run natively on this host through the passive source: the events of the foreign
+paddr kdamond, reverse-mapped onto the target, with DAMON sysfs read-only in a private mount
+namespace so that even a bug could not write to it.
+
+Behaviour, not speed: the hot buffer ends up on huge pages during the run, the cold one
+(nearly) does not, and the foreign kdamond, its intervals and schemes are exactly as before.
+How fast, and how little cold memory, are benchmark figures (README, "Access sources").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
+HOTCOLD = str(ROOT / "workloads/bin/hotcold")
+DAMON = Path("/sys/kernel/mm/damon")
+ADMIN = DAMON / "admin"
+INSTANCES = Path("/sys/kernel/tracing/instances")
+
+
+def read_tree(root: Path) -> dict[str, str]:
+    """Every readable file under the foreign kdamond's dir (state, pid, intervals, schemes),
+    less what the kernel itself keeps updating (scheme counters, the paddr target's region)."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        if {"stats", "tried_regions", "regions"} & set(Path(dirpath).parts):
+            continue
+        for name in files:
+            try:
+                out[str(Path(dirpath) / name)] = (Path(dirpath) / name).read_text()
+            except OSError:
+                continue
+    return out
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare missing")
+def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_damon_file(
+        tmp_path) -> None:
+    kdamonds = [d for d in (ADMIN / "kdamonds").iterdir() if d.name.isdigit()]
+    running = [d for d in kdamonds if (d / "state").read_text().strip() == "on"]
+    assert running, "this host was expected to run a foreign kdamond (see DEVELOPERS.md)"
+    before = read_tree(running[0])
+    instances_before = set(os.listdir(INSTANCES))
+    out = tmp_path / "run.json"
+    script = (f"mount --bind {DAMON} {DAMON} && mount -o remount,bind,ro {DAMON} && "
+              f"exec {DAMON_HP} run -q --json {out} -- {HOTCOLD} --hot 1G --cold 3G "
+              "--seconds 75")
+    env = {**os.environ, "DAMON_HP_RUN_DIR": str(tmp_path / "run")}
+    p = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    report = json.loads(out.read_text())
+    s = report["summary"]
+    assert s["source"]["name"] == "passive"
+    assert s["source"]["kdamond_pid"] == int((running[0] / "pid").read_text())
+    assert s["source"]["reader"] == "event stream + pagemap reverse map"
+    hot = json.loads(p.stdout.splitlines()[0])["hot"]
+    hot_size = hot["end"] - hot["start"]
+    # (hotcold unmaps its buffers before it exits, so the last snapshot may see none: the
+    # timeline's peak is the measurement)
+    peak_hot_huge = max(e["hot_huge_bytes"] or 0 for e in report["timeline"])
+    assert peak_hot_huge >= 0.9 * hot_size, report["timeline"][-5:]
+    # How much cold memory a passive source collapses depends on how fast the foreign kdamond
+    # splits its physical regions: 0.6 % and 1.8 % of the cold bytes on a quiet host, 27 %
+    # with a VM test run beside it. That is a benchmark figure (README), not asserted here.
+    peak_huge = max(e["huge_bytes"] or 0 for e in report["timeline"])
+    assert peak_huge >= 0.9 * hot_size
+    assert s["collapse"]["errors"] == {}
+    assert read_tree(running[0]) == before  # the foreign kdamond, as it was
+    assert set(os.listdir(INSTANCES)) <= instances_before  # our tracefs instance is gone
+    assert not list((tmp_path / "run").glob("agent-*.json"))  # no stale status record
