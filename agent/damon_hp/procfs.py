@@ -10,7 +10,7 @@ import ctypes
 import errno
 import fcntl
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from damon_hp.errors import DamonHpError
@@ -261,8 +261,8 @@ def thp_mode(path: str = THP_ENABLED) -> str:
     return "unknown"
 
 
-# PAGEMAP_SCAN (Linux 6.7+): the kernel reports which pages of a range are PMD-mapped THPs,
-# exactly and in one call per batch, instead of per-VMA totals.
+# PAGEMAP_SCAN (Linux 6.7+): the kernel reports which pages of a range are in a category (present,
+# PMD-mapped THP, ...), exactly and in one call per batch, instead of per-VMA totals.
 class _PageRegion(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in ("start", "end", "categories")]
 
@@ -277,7 +277,8 @@ class _PmScanArg(ctypes.Structure):
     ]
 
 
-_PAGE_IS_HUGE = 1 << 6
+PAGE_IS_PRESENT = 1 << 3
+PAGE_IS_HUGE = 1 << 6
 _IOC_READ_WRITE = 3
 PAGEMAP_SCAN = (
     (_IOC_READ_WRITE << 30) | (ctypes.sizeof(_PmScanArg) << 16) | (ord("f") << 8) | 16
@@ -302,45 +303,52 @@ def huge_bytes_in(pid: int, ranges: Iterable[AddrRange]) -> int:
         os.close(fd)
 
 
+def pagemap_scan(fd: int, path: str, lo: int, hi: int, category: int) -> Iterator[AddrRange]:
+    """The stretches of [lo, hi) whose pages are in `category` (PAGE_IS_HUGE, PAGE_IS_PRESENT),
+    from PAGEMAP_SCAN on the open /proc/PID/pagemap `fd`, in address order.
+
+    Raises PagemapScanUnsupported before yielding anything on kernels without the ioctl.
+    """
+    vec = (_PageRegion * _SCAN_BATCH)()
+    start = lo
+    first = True
+    while start < hi:
+        arg = _PmScanArg(
+            size=ctypes.sizeof(_PmScanArg),
+            start=start,
+            end=hi,
+            vec=ctypes.addressof(vec),
+            vec_len=_SCAN_BATCH,
+            category_mask=category,
+            return_mask=category,
+        )
+        try:
+            n = fcntl.ioctl(fd, PAGEMAP_SCAN, arg, True)
+        except OSError as e:
+            if e.errno in (errno.ENOTTY, errno.EINVAL) and first:
+                raise PagemapScanUnsupported(
+                    f"PAGEMAP_SCAN on {path} failed ({errno.errorcode[e.errno]}): "
+                    "this kernel has no page-table scan (needs Linux 6.7+)"
+                ) from e
+            if e.errno == errno.ESRCH:
+                raise ProcessGone(f"{path}: the process has exited") from e
+            raise
+        first = False
+        for i in range(n):
+            yield AddrRange(vec[i].start, vec[i].end)
+        if arg.walk_end <= start:
+            break
+        start = arg.walk_end
+
+
 def _scan_huge(fd: int, path: str, ranges: Iterable[AddrRange]) -> int:
     return sum(r.size for r in _scan_huge_regions(fd, path, ranges))
 
 
 def _scan_huge_regions(fd: int, path: str, ranges: Iterable[AddrRange]) -> list[AddrRange]:
     """The parts of `ranges` mapped by PMD huge pages."""
-    vec = (_PageRegion * _SCAN_BATCH)()
-    found: list[AddrRange] = []
-    total = 0
-    for rng in ranges:
-        start, hi = rng.start, rng.end
-        while start < hi:
-            arg = _PmScanArg(
-                size=ctypes.sizeof(_PmScanArg),
-                start=start,
-                end=hi,
-                vec=ctypes.addressof(vec),
-                vec_len=_SCAN_BATCH,
-                category_mask=_PAGE_IS_HUGE,
-                return_mask=_PAGE_IS_HUGE,
-            )
-            try:
-                n = fcntl.ioctl(fd, PAGEMAP_SCAN, arg, True)
-            except OSError as e:
-                if e.errno in (errno.ENOTTY, errno.EINVAL) and total == 0:
-                    raise PagemapScanUnsupported(
-                        f"PAGEMAP_SCAN on {path} failed ({errno.errorcode[e.errno]}): "
-                        "this kernel has no exact huge-page scan (needs Linux 6.7+)"
-                    ) from e
-                if e.errno == errno.ESRCH:
-                    raise ProcessGone(f"{path}: the process has exited") from e
-                raise
-            for i in range(n):
-                found.append(AddrRange(vec[i].start, vec[i].end))
-                total += vec[i].end - vec[i].start
-            if arg.walk_end <= start:
-                break
-            start = arg.walk_end
-    return found
+    return [found for rng in ranges
+            for found in pagemap_scan(fd, path, rng.start, rng.end, PAGE_IS_HUGE)]
 
 
 def read_cmdline(pid: int) -> list[str]:

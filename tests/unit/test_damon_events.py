@@ -220,6 +220,8 @@ def test_missing_tracepoint_is_an_environment_problem(tmp_path):
     assert os.listdir(tmp_path / "instances") == []
 
 
-def test_buffer_holds_several_bursts_of_the_largest_region_count():
+def test_buffer_holds_two_bursts_of_the_largest_region_count():
+    # A damon_aggregated event takes 52 bytes in the ring buffer (48 of fields, a 4-byte
+    # header), a little more with time extends.
     assert buffer_size_kb(10) == 128
-    assert buffer_size_kb(8192) * 1024 >= 8192 * 4 * 52
+    assert buffer_size_kb(8192) * 1024 >= 2 * 8192 * 56
