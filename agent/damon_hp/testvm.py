@@ -173,6 +173,8 @@ def guest_script(run_dir: Path, command: Sequence[str], *, interactive: bool) ->
         f"export HOME={rd}/home",
         'mkdir -p "$HOME"',
         f"cd {root}",
+        # Give the emulated CPUs the TLB misses real ones have (see tlb_ticks.py).
+        "python3 -m damon_hp.tlb_ticks &",
         f"echo booted > {rd}/booted",
     ]
     if interactive:

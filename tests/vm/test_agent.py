@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -380,29 +377,11 @@ def huge_share(pid: int, lo: int, hi: int) -> float:
     return procfs.huge_bytes_in(pid, [AddrRange(lo, hi)]) / (hi - lo)
 
 
-@contextmanager
-def address_space_switches() -> Iterator[None]:
-    """One process per CPU, pinned, waking every 2 ms: each wake switches that CPU's address
-    space, which empties QEMU's software TLB.
-
-    Why: DAMON clears accessed bits without flushing TLBs, so it sees an access only when the
-    CPU walks the page table again. A real TLB is small and misses constantly; QEMU's software
-    TLB grows until it holds the whole hot set, and then a buffer read all the time looks idle
-    to DAMON (seen: a 256 MiB hot buffer read as 0 % for 17 s after its collapse, and demoted).
-    The switches give the emulated CPU the TLB misses a real one would have.
-    """
-    procs = [
-        subprocess.Popen([sys.executable, "-c",
-                          f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\n"
-                          "while True:\n    time.sleep(0.002)\n"])
-        for cpu in sorted(os.sched_getaffinity(0))
-    ]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+def test_under_thp_madvise_promoted_memory_is_marked_hugepage_and_cold_memory_nohugepage(
+    tmp_path,
+) -> None:
+    THP_ENABLED.write_text("madvise")  # thp_never restores the original mode afterwards
+    _check_madvise_marks(tmp_path)
 
 
 def _check_madvise_marks(tmp_path: Path) -> None:
