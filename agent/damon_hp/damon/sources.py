@@ -184,12 +184,15 @@ class ReverseMappedSource(_Base):
 # choosing and opening
 
 
-PASSIVE_LIMITS = [
-    "the foreign kdamond's intervals set how soon a hot set shows (up to two aggregations)",
-    "its own schemes keep running; damon-hp never changes them",
-    "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is by "
-    "collapse alone, demotion cannot mark MADV_NOHUGEPAGE",
-]
+def passive_limits(schemes: str) -> list[str]:
+    return [
+        "the foreign kdamond's intervals set how soon a hot set shows (several aggregations)",
+        f"its own schemes ({schemes}) keep running; damon-hp never changes them",
+        "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is "
+        "by collapse alone, demotion cannot mark MADV_NOHUGEPAGE",
+    ]
+
+
 PADDR_LIMITS = [
     "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is by "
     "collapse alone, demotion cannot mark MADV_NOHUGEPAGE",
@@ -231,58 +234,51 @@ def _open_paddr(pid: int, mon: MonitorSettings, reason: str) -> ReverseMappedSou
 
 
 def _pick_passive(found: DamonStatus, want_pid: int | None) -> KdamondInfo:
-    candidates = [k for k in found.running if k.owner == OWNER_FOREIGN
-                  and k.pid and k.ops and k.ops[0] in ("paddr", "vaddr", "fvaddr")]
+    """The foreign paddr kdamond to read: the one with `want_pid`, or the first running."""
     if want_pid is not None:
-        for k in found.running:
-            if k.pid == want_pid:
-                if k.owner != OWNER_FOREIGN:
-                    raise EnvironmentProblem(
-                        f"damon-hp: {k.describe()} is damon-hp's own; --source passive reads a "
-                        "kdamond someone else started")
-                return k
+        k = next((k for k in found.running if k.pid == want_pid), None)
+        if k is None:
+            raise EnvironmentProblem(
+                f"damon-hp: no running kdamond has pid {want_pid}; running: "
+                + (", ".join(x.describe() for x in found.running) or "none"))
+        if k.owner != OWNER_FOREIGN:
+            raise EnvironmentProblem(
+                f"damon-hp: {k.describe()} is damon-hp's own; --source passive reads a "
+                "kdamond someone else started")
+    else:
+        foreign = [k for k in found.running if k.owner == OWNER_FOREIGN and k.pid]
+        if not foreign:
+            raise EnvironmentProblem(
+                "damon-hp: no running kdamond that damon-hp did not start, so there is nothing "
+                "to read passively")
+        k = next((x for x in foreign if x.ops[:1] == ("paddr",)), foreign[0])
+    if k.ops[:1] != ("paddr",):
+        # A foreign vaddr kdamond sees only its own targets' virtual memory, with target ids
+        # only its owner can map to processes: not read (yet).
         raise EnvironmentProblem(
-            f"damon-hp: no running kdamond has pid {want_pid}; running: "
-            + (", ".join(k.describe() for k in found.running) or "none"))
-    if not candidates:
-        raise EnvironmentProblem(
-            "damon-hp: no running kdamond that damon-hp did not start, so there is nothing to "
-            "read passively")
-    # paddr first: it covers every process; a foreign vaddr kdamond only its own targets.
-    return sorted(candidates, key=lambda k: (k.ops[0] != "paddr", k.index))[0]
+            f"damon-hp: {k.describe()} monitors with ops {','.join(k.ops) or 'none'}; the "
+            "passive source reads a paddr kdamond only")
+    return k
 
 
 def _open_passive(pid: int, request: SourceRequest, found: DamonStatus,
-                  reason: str) -> ReverseMappedSource | VaddrSource:
+                  reason: str) -> ReverseMappedSource:
     k = _pick_passive(found, request.kdamond_pid)
     iv = read_intervals(k.index)
     if iv is None:
         raise EnvironmentProblem(f"damon-hp: cannot read the intervals of {k.describe()}")
     sample_us, aggr_us, _ = iv
-    ops = k.ops[0]
-    if ops != "paddr" and pid not in k.target_pids:
-        raise EnvironmentProblem(
-            f"damon-hp: {k.describe()} watches the virtual memory of pids "
-            f"{', '.join(map(str, k.target_pids))}, not {pid}; it cannot be read for this "
-            "process")
     schemes = ", ".join(scheme_actions(k.index)) or "none"
-    limits = [PASSIVE_LIMITS[0], f"its own schemes ({schemes}) keep running; damon-hp never "
-              "changes them", *PASSIVE_LIMITS[2:]]
+    limits = passive_limits(schemes)
     kpid = k.pid or 0
     stream = events.AggregatedEventStream(kpid, sample_us=sample_us, aggr_us=aggr_us,
                                           max_nr_regions=read_max_regions(k.index)).open()
-    label = f"kdamond {k.index} (pid {kpid}, {ops}, not ours)"
 
     def alive() -> bool:
         return kpid in running_kdamond_pids().values()
 
-    if ops == "paddr":
-        return ReverseMappedSource("passive", reason, label, kpid, sample_us, aggr_us, stream,
-                                   pid, limits, alive)
-    stream.close()
-    raise EnvironmentProblem(
-        f"damon-hp: passive reading of a foreign {ops} kdamond is not supported yet; "
-        "a paddr kdamond is")
+    return ReverseMappedSource("passive", reason, f"kdamond {k.index} (pid {kpid}, paddr, "
+                               "not ours)", kpid, sample_us, aggr_us, stream, pid, limits, alive)
 
 
 def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> AccessSource:
