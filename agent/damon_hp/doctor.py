@@ -245,6 +245,7 @@ def read_cap_eff() -> int:
 def gather(wants: list[kconfig.Want]) -> Facts:
     cfg = kconfig.read_running_config()
     names = {w.name for w in wants}
+    status = damon.probe()
     return Facts(
         release=os.uname().release,
         machine=platform.machine(),
@@ -252,22 +253,22 @@ def gather(wants: list[kconfig.Want]) -> Facts:
         cap_eff=read_cap_eff(),
         kconfig_source=cfg.source if cfg else None,
         kconfig={n: cfg.value(n) for n in sorted(names)} if cfg else {},
-        damon=damon.probe().to_dict(),
+        damon=status.to_dict(),
         thp=read_thp(),
         madv_collapse=probe_madv_collapse(),
         process_madvise=probe_process_madvise(),
         tracefs=read_tracefs(),
         btf=Path("/sys/kernel/btf/vmlinux").exists(),
         pmu=probe_pmu(),
-        foreign=read_foreign_kdamonds(),
+        foreign=read_foreign_kdamonds(status),
     )
 
 
-def read_foreign_kdamonds() -> dict[str, Any]:
+def read_foreign_kdamonds(status: damon.DamonStatus) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for k in damon.probe().foreign_running:
+    for k in status.foreign_running:
         out[str(k.index)] = {"intervals_us": damon.read_intervals(k.index),
-                             "schemes": damon.probe_schemes(k.index)}
+                             "schemes": damon.scheme_actions(k.index)}
     return out
 
 
@@ -400,7 +401,7 @@ def check_sources(status: damon.DamonStatus, tracefs: dict[str, Any],
         found.append(("passive", None,
                       f"reads {k.describe()}: sample {iv[0] / 1000:g} ms, aggregation "
                       f"{iv[1] / 1000:g} ms, its schemes: {schemes} (never changed); a hot set "
-                      "shows after up to two aggregations; promotion by collapse only"))
+                      "shows after several aggregations; promotion by collapse only"))
     chosen = next((n for n, r, _ in found if r is None), None)
     checks = []
     for name, refusal, detail in found:

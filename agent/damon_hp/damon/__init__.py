@@ -93,8 +93,8 @@ from .status import (
     probe,
     read_intervals,
     running_kdamond_pids,
+    scheme_actions,
 )
-from .status import scheme_actions as probe_schemes
 
 __all__ = [
     "UINT_MAX", "ULONG_MAX", "AccessPattern", "AddrRange", "Intervals", "IntervalsGoal",
@@ -103,5 +103,5 @@ __all__ = [
     "KdamondInfo", "KdamondStopped", "OwnedKdamond", "StartPlan", "plan_placement",
     "plan_start", "probe", "reclaim_stale", "start_vaddr", "start_paddr", "busy_message",
     "kernel_version", "read_intervals", "running_kdamond_pids",
-    "probe_schemes",
+    "scheme_actions",
 ]
