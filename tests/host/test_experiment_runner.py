@@ -1,4 +1,4 @@
-"""The experiment runner on the host, with real processes and the host's own policies
+"""The experiment runner on the host, with real processes and the host's own arms
 (prctl THP-disable, process_madvise collapse): what it measures, that it never touches the
 global THP mode or DAMON here, and that Ctrl-C leaves nothing behind and keeps finished runs."""
 
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 from damon_hp.errors import EnvironmentProblem
-from damon_hp.experiment import policies
+from damon_hp.experiment import arms
 
 DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def _experiment(tmp_path: Path, workloads: str, policies_: str = '"thp-never", "oracle"',
+def _experiment(tmp_path: Path, workloads: str, arms_: str = '"thp-never", "oracle"',
                 reps: int = 1) -> Path:
     p = tmp_path / "exp.toml"
     p.write_text(f"""
@@ -28,7 +28,7 @@ def _experiment(tmp_path: Path, workloads: str, policies_: str = '"thp-never", "
 name = "hosttest"
 where = "host"
 repetitions = {reps}
-policies = [{policies_}]
+arms = [{arms_}]
 sample_interval_s = 0.1
 timeout_s = 120
 warmup = false
@@ -66,7 +66,7 @@ args = ["--hot", "16M", "--cold", "32M", "--seconds", "1.5"]
     out = tmp_path / "out"
     proc = _run([str(exp), "--out", str(out), "--json"])
     assert proc.returncode == 0, proc.stderr
-    runs = {r["policy"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    runs = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
     never, oracle = runs["thp-never"], runs["oracle"]
     assert never["status"] == oracle["status"] == "ok"
     assert never["mechanism"].startswith("prctl(PR_SET_THP_DISABLE)")
@@ -84,12 +84,12 @@ args = ["--hot", "16M", "--cold", "32M", "--seconds", "1.5"]
     assert THP.read_text() == thp_before
 
 
-def test_damon_policies_refuse_to_run_on_the_host(tmp_path):
+def test_damon_arms_refuse_to_run_on_the_host(tmp_path):
     exp = _experiment(tmp_path, """
 [[workloads]]
 program = "hotcold"
 args = ["--seconds", "1"]
-""", policies_='"thp-never", "damos-ethp"')
+""", arms_='"thp-never", "damos-ethp"')
     proc = _run([str(exp), "--out", str(tmp_path / "out")])
     assert proc.returncode == 2
     assert "damos-ethp needs a DAMON of its own" in proc.stderr
@@ -100,7 +100,7 @@ def test_global_thp_mode_is_never_written_outside_the_vm(monkeypatch):
     monkeypatch.delenv("DAMON_HP_IN_VM", raising=False)
     before = THP.read_text()
     with pytest.raises(EnvironmentProblem, match="outside the test VM"):
-        policies.set_global_thp("never")
+        arms.set_global_thp("never")
     assert THP.read_text() == before
 
 

@@ -10,10 +10,10 @@ from damon_hp.experiment.results import OOM, RunResult
 MiB = 2**20
 
 
-def run(policy, rep, wall, peak=100 * MiB, memory="sufficient", status="ok", **kw):
+def run(arm, rep, wall, peak=100 * MiB, memory="sufficient", status="ok", **kw):
     return RunResult(
-        cell_id=f"w_t1_{policy}_{memory}_r{rep}", workload="w", program="w", input=None,
-        threads=1, policy=policy, memory=memory, rep=rep, status=status, wall_s=wall,
+        cell_id=f"w_t1_{arm}_{memory}_r{rep}", workload="w", program="w", input=None,
+        threads=1, arm=arm, memory=memory, rep=rep, status=status, wall_s=wall,
         peak_rss_bytes=peak, **kw,
     )
 
@@ -32,7 +32,7 @@ def records():
 
 def test_speedup_preserved_from_medians_with_per_repetition_range():
     g = analyse(records()).group("w", 1, "sufficient")
-    sp = g.policies["damon-hp"].speedup_preserved
+    sp = g.arms["damon-hp"].speedup_preserved
     # (11 - 9.5) / (11 - 8) = 0.5
     assert sp.value == pytest.approx(0.5)
     # per rep: (10-9)/(10-8)=0.5, (12-9.5)/(12-8)=0.625, (11-10)/(11-9)=0.5
@@ -41,40 +41,40 @@ def test_speedup_preserved_from_medians_with_per_repetition_range():
 
 def test_baselines_get_their_trivial_ratios():
     g = analyse(records()).group("w", 1, "sufficient")
-    assert g.policies["thp-never"].speedup_preserved.value == pytest.approx(0.0)
-    assert g.policies["thp-always"].speedup_preserved.value == pytest.approx(1.0)
-    assert g.policies["thp-never"].overhead_removed.value == pytest.approx(1.0)
-    assert g.policies["thp-always"].overhead_removed.value == pytest.approx(0.0)
+    assert g.arms["thp-never"].speedup_preserved.value == pytest.approx(0.0)
+    assert g.arms["thp-always"].speedup_preserved.value == pytest.approx(1.0)
+    assert g.arms["thp-never"].overhead_removed.value == pytest.approx(1.0)
+    assert g.arms["thp-always"].overhead_removed.value == pytest.approx(0.0)
 
 
 def test_memory_overhead_removed():
     g = analyse(records()).group("w", 1, "sufficient")
     # (140 - 110) / (140 - 100) = 0.75, the same in every repetition
-    r = g.policies["damon-hp"].overhead_removed
+    r = g.arms["damon-hp"].overhead_removed
     assert r.value == pytest.approx(0.75)
     assert (r.lo, r.hi) == (pytest.approx(0.75), pytest.approx(0.75))
 
 
 def test_runtime_normalised_to_never():
     g = analyse(records()).group("w", 1, "sufficient")
-    r = g.policies["damon-hp"].vs_never["runtime_s"]
+    r = g.arms["damon-hp"].vs_never["runtime_s"]
     # 9.5 / 11; per rep 9/10 = 0.9, 9.5/12, 10/11
     assert r.value == pytest.approx(9.5 / 11)
     assert r.lo == pytest.approx(9.5 / 12)
     assert r.hi == pytest.approx(10 / 11)
-    assert g.policies["thp-always"].vs_never["minflt"].value == pytest.approx(10 / 1000)
+    assert g.arms["thp-always"].vs_never["minflt"].value == pytest.approx(10 / 1000)
 
 
 def test_failed_runs_are_counted_but_never_enter_the_numbers():
     a = analyse(records())
-    s = a.group("w", 1, "sufficient").policies["damon-hp"]
+    s = a.group("w", 1, "sufficient").arms["damon-hp"]
     assert (s.n_ok, s.n_not_ok) == (3, 1)
     assert s.metrics["wall_s"].hi == 10
     assert [d["status"] for d in a.not_ok] == ["oom"]
 
 
 def test_tlb_ratio_without_pmu_is_not_available_rather_than_zero():
-    s = analyse(records()).group("w", 1, "sufficient").policies["damon-hp"]
+    s = analyse(records()).group("w", 1, "sufficient").arms["damon-hp"]
     r = s.vs_never["dtlb_load_misses"]
     assert r.value is None
     assert r.undefined == "n/a (no PMU)"
@@ -112,21 +112,21 @@ def test_fixed_time_benchmarks_compare_ns_per_operation_not_wall_time():
     g = analyse(rs).group("w", 1, "sufficient")
     assert g.runtime_basis == "ns per operation"
     # (20 - 12) / (20 - 10) = 0.8
-    assert g.policies["damon-hp"].speedup_preserved.value == pytest.approx(0.8)
+    assert g.arms["damon-hp"].speedup_preserved.value == pytest.approx(0.8)
 
 
-def test_memory_pressure_slowdown_is_paired_by_policy():
+def test_memory_pressure_slowdown_is_paired_by_arm():
     rs = records()
     rs.append(run("thp-always", 0, 16.0, memory="insufficient"))
     rs.append(run("damon-hp", 0, 9.9, memory="insufficient"))
     rs.append(run("thp-never", 0, 10.0, memory="insufficient", status=OOM))
     a = analyse(rs)
-    by_policy = {e.policy: e.slowdown for e in a.pressure}
+    by_arm = {e.arm: e.slowdown for e in a.pressure}
     # always: 16 / median(8, 8, 9) = 2; damon-hp: 9.9 / 9.5
-    assert by_policy["thp-always"].value == pytest.approx(2.0)
-    assert by_policy["damon-hp"].value == pytest.approx(9.9 / 9.5)
-    assert by_policy["thp-never"].value is None
-    assert "oom" in by_policy["thp-never"].undefined
+    assert by_arm["thp-always"].value == pytest.approx(2.0)
+    assert by_arm["damon-hp"].value == pytest.approx(9.9 / 9.5)
+    assert by_arm["thp-never"].value is None
+    assert "oom" in by_arm["thp-never"].undefined
 
 
 def test_groups_are_ordered_by_workload_threads_then_sufficient_first():

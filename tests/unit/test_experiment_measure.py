@@ -7,13 +7,13 @@ import math
 import pytest
 from damon_hp import procfs
 from damon_hp.experiment import workloads
+from damon_hp.experiment.arms import agent_metrics
 from damon_hp.experiment.measure import (
     _all_mapped,
     first_time_at_least,
     peak,
     time_weighted_mean,
 )
-from damon_hp.experiment.policies import agent_metrics
 from damon_hp.experiment.progress import eta_seconds
 from damon_hp.ranges import AddrRange, huge_capable_bytes
 
@@ -83,7 +83,7 @@ def test_agent_cpu_times_come_from_the_agents_json_summary():
 
 
 def test_agents_own_time_to_hot_set_huge_starts_at_its_first_hot_snapshot():
-    from damon_hp.experiment.policies import agent_hot_huge_s
+    from damon_hp.experiment.arms import agent_hot_huge_s
 
     timeline = [
         {"t_s": 0.5, "hot_bytes": 0, "hot_huge_bytes": 0},

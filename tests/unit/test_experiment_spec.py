@@ -16,7 +16,7 @@ def doc(**over):
         "experiment": {
             "name": "t",
             "repetitions": 2,
-            "policies": ["thp-never", "thp-always", "oracle"],
+            "arms": ["thp-never", "thp-always", "oracle"],
             "memory": ["sufficient", "insufficient"],
         },
         "workloads": [
@@ -35,24 +35,24 @@ def doc(**over):
 def test_matrix_is_the_product_minus_inapplicable_pairs():
     exp = spec.parse(doc())
     cells, skipped = spec.expand(exp)
-    # hotcold: 3 policies x 2 thread counts x 2 memory x 2 reps = 24
-    # streamcluster: oracle left out -> 2 policies x 1 x 2 x 2 = 8
+    # hotcold: 3 arms x 2 thread counts x 2 memory x 2 reps = 24
+    # streamcluster: oracle left out -> 2 arms x 1 x 2 x 2 = 8
     assert len(cells) == 24 + 8
-    assert [(s.workload, s.policy) for s in skipped] == [("streamcluster-simdev", "oracle")]
+    assert [(s.workload, s.arm) for s in skipped] == [("streamcluster-simdev", "oracle")]
     assert "does not print its hot ranges" in skipped[0].reason
     assert len({c.id for c in cells}) == len(cells)
 
 
-def test_each_repetition_runs_every_policy_before_the_next_repetition():
+def test_each_repetition_runs_every_arm_before_the_next_repetition():
     cells, _ = spec.expand(spec.parse(doc()))
     reps = [c.rep for c in cells]
     assert reps == sorted(reps)
 
 
-def test_policy_order_rotates_between_repetitions():
+def test_arm_order_rotates_between_repetitions():
     cells, _ = spec.expand(spec.parse(doc()))
     def first_group(rep):
-        return [c.policy for c in cells if c.rep == rep and c.workload.program == "hotcold"
+        return [c.arm for c in cells if c.rep == rep and c.workload.program == "hotcold"
                 and c.threads == 1 and c.memory == "sufficient"]
     assert first_group(0) == ["thp-never", "thp-always", "oracle"]
     assert first_group(1) == ["thp-always", "oracle", "thp-never"]
@@ -63,16 +63,16 @@ def test_sufficient_cells_run_before_insufficient_ones_of_the_same_workload():
     for i, c in enumerate(cells):
         if c.memory == "insufficient":
             earlier = cells[:i]
-            assert any(e.policy == "thp-always" and e.memory == "sufficient"
+            assert any(e.arm == "thp-always" and e.memory == "sufficient"
                        and e.workload == c.workload and e.threads == c.threads
                        and e.rep == c.rep for e in earlier)
 
 
-def test_workload_can_narrow_policies_and_memory():
-    d = doc(workloads=[{"program": "hotcold", "args": [], "policies": ["thp-never", "oracle"],
+def test_workload_can_narrow_arms_and_memory():
+    d = doc(workloads=[{"program": "hotcold", "args": [], "arms": ["thp-never", "oracle"],
                         "memory": ["sufficient"]}])
     cells, _ = spec.expand(spec.parse(d))
-    assert {c.policy for c in cells} == {"thp-never", "oracle"}
+    assert {c.arm for c in cells} == {"thp-never", "oracle"}
     assert {c.memory for c in cells} == {"sufficient"}
 
 
@@ -84,9 +84,9 @@ def test_workload_names_come_from_program_and_input():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"policies": ["thp-always"]}, "must include 'thp-never'"),
-        ({"policies": ["thp-never", "thp-sometimes"]}, "unknown value 'thp-sometimes'"),
-        ({"policies": ["thp-never", "oracle"]}, "needs 'thp-always'"),
+        ({"arms": ["thp-always"]}, "must include 'thp-never'"),
+        ({"arms": ["thp-never", "thp-sometimes"]}, "unknown value 'thp-sometimes'"),
+        ({"arms": ["thp-never", "oracle"]}, "needs 'thp-always'"),
         ({"memory": ["insufficient"]}, "needs 'sufficient' too"),
         ({"where": "cloud"}, "where"),
         ({"repetitions": 0}, "repetitions"),
@@ -114,16 +114,37 @@ def test_two_workloads_with_the_same_name_are_rejected():
     assert "add 'label'" in str(e.value)
 
 
-def test_agent_args_only_for_damon_hp_policies():
+def test_agent_args_only_for_damon_hp_arms():
     d = doc()
-    d["policy"] = {"oracle": {"agent_args": ["--x"]}}
+    d["arm"] = {"oracle": {"agent_args": ["--x"]}}
     with pytest.raises(SpecError):
         spec.parse(d)
-    d["policy"] = {"damon-hp": {"agent_args": ["--max-huge", "50%"], "thp": "never"}}
+    d["arm"] = {"damon-hp": {"agent_args": ["--max-huge", "50%"], "thp": "never"}}
     exp = spec.parse(d)
     assert exp.options("damon-hp").agent_args == ("--max-huge", "50%")
     assert exp.options("damon-hp").thp == "never"
     assert exp.options("oracle").agent_args == ()
+
+
+def test_files_from_before_the_arms_were_named_still_parse():
+    old = doc()
+    old["experiment"]["policies"] = old["experiment"].pop("arms")
+    old["workloads"][0]["policies"] = ["thp-never", "thp-always"]
+    old["insufficient"] = {"policies": ["thp-never", "thp-always"]}
+    old["policy"] = {"damon-hp": {"agent_args": ["--max-huge", "50%"]}}
+    new = doc()
+    new["workloads"][0]["arms"] = ["thp-never", "thp-always"]
+    new["insufficient"] = {"arms": ["thp-never", "thp-always"]}
+    new["arm"] = {"damon-hp": {"agent_args": ["--max-huge", "50%"]}}
+    assert spec.parse(old) == spec.parse(new)
+
+
+def test_an_arm_list_under_both_its_names_is_rejected():
+    d = doc()
+    d["experiment"]["policies"] = ["thp-never"]
+    with pytest.raises(SpecError) as e:
+        spec.parse(d)
+    assert "both 'arms' and its old name 'policies'" in str(e.value)
 
 
 @pytest.mark.parametrize(("text", "value"), [("4096", 4096), ("512M", 512 << 20),
@@ -148,15 +169,15 @@ def test_bundled_experiment_files_are_valid(name):
     assert exp.expected_duration
 
 
-def test_insufficient_memory_can_be_limited_to_some_policies():
+def test_insufficient_memory_can_be_limited_to_some_arms():
     d = doc()
-    d["experiment"]["policies"] = ["thp-never", "thp-always", "oracle"]
-    d["insufficient"] = {"policies": ["thp-never", "thp-always"]}
+    d["experiment"]["arms"] = ["thp-never", "thp-always", "oracle"]
+    d["insufficient"] = {"arms": ["thp-never", "thp-always"]}
     cells, _ = spec.expand(spec.parse(d))
-    assert {c.policy for c in cells if c.memory == "insufficient"} == {"thp-never",
+    assert {c.arm for c in cells if c.memory == "insufficient"} == {"thp-never",
                                                                          "thp-always"}
-    assert "oracle" in {c.policy for c in cells if c.memory == "sufficient"}
-    d["insufficient"] = {"policies": ["thp-always", "oracle"]}
+    assert "oracle" in {c.arm for c in cells if c.memory == "sufficient"}
+    d["insufficient"] = {"arms": ["thp-always", "oracle"]}
     with pytest.raises(SpecError) as e:
         spec.parse(d)
     assert "must include 'thp-never'" in str(e.value)

@@ -52,7 +52,7 @@ def test_ctrl_c_during_an_agent_run_under_memory_pressure_leaves_nothing(tmp_pat
     exp.write_text(f"""
 [experiment]
 name = "interrupt"
-policies = ["thp-never", "thp-always", "damon-hp"]
+arms = ["thp-never", "thp-always", "damon-hp"]
 memory = ["sufficient", "insufficient"]
 warmup = false
 sample_interval_s = 0.5
@@ -64,7 +64,7 @@ swap_size = "64M"
 program = "hotcold"
 label = "long"
 args = ["--hot", "8M", "{MARKER.split()[0]}", "{MARKER.split()[1]}", "--seconds", "900"]
-policies = ["damon-hp"]
+arms = ["damon-hp"]
 memory = ["insufficient"]
 """)
     out = tmp_path / "out"

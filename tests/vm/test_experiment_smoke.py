@@ -1,4 +1,4 @@
-"""The smoke experiment, end to end inside the test VM: every policy runs, result files are
+"""The smoke experiment, end to end inside the test VM: every arm runs, result files are
 written, ratios are computed (or explicitly undefined), figures are readable PNGs, and nothing
 is left behind (cgroups, kdamonds, swap, THP mode)."""
 
@@ -62,8 +62,8 @@ def test_smoke_runs_every_cell_without_runner_errors(smoke):
     assert summary["ran_now"] == summary["planned"] == summary["runs"]
     rows = list(csv.DictReader(open(smoke["out"] / "results.csv")))
     assert len(rows) == summary["planned"]
-    policies = {r["policy"] for r in rows}
-    assert policies == {"thp-never", "thp-always", "thp-madvise", "damos-ethp", "damon-hp",
+    arms = {r["arm"] for r in rows}
+    assert arms == {"thp-never", "thp-always", "thp-madvise", "damos-ethp", "damon-hp",
                         "oracle"}
     assert {r["memory"] for r in rows} == {"sufficient", "insufficient"}
     env = json.loads((smoke["out"] / "environment.json").read_text())
@@ -82,8 +82,8 @@ def test_smoke_measures_the_workloads(smoke):
     hot = [r for r in rows if r["program"] == "hotcold" and r["status"] == "ok"]
     assert all(float(r["ns_per_op"]) > 0 for r in hot)
     # thp-always backs the hot range with huge pages; thp-never does not
-    always = [r for r in hot if r["policy"] == "thp-always" and r["memory"] == "sufficient"]
-    never = [r for r in hot if r["policy"] == "thp-never" and r["memory"] == "sufficient"]
+    always = [r for r in hot if r["arm"] == "thp-always" and r["memory"] == "sufficient"]
+    never = [r for r in hot if r["arm"] == "thp-never" and r["memory"] == "sufficient"]
     assert always and all(float(r["hot_huge_fraction_final"]) >= 0.9 for r in always)
     assert never and all(float(r["hot_huge_fraction_final"]) == 0 for r in never)
     limited = [r for r in rows if r["memory"] == "insufficient"]
@@ -97,12 +97,12 @@ def test_smoke_computes_every_ratio_or_says_why_not(smoke):
         ("hotcold", "sufficient"), ("hotcold", "insufficient"),
         ("streamcluster-test", "sufficient")}
     for g in groups:
-        for p in g["policies"].values():
+        for p in g["arms"].values():
             for ratio in (p["speedup_preserved"], p["overhead_removed"],
                           p["vs_never"]["runtime_s"]):
                 assert (ratio["value"] is None) != (ratio["undefined"] is None)
     hot = next(g for g in groups if g["workload"] == "hotcold" and g["memory"] == "sufficient")
-    assert hot["policies"]["thp-never"]["vs_never"]["runtime_s"]["value"] == pytest.approx(1.0)
+    assert hot["arms"]["thp-never"]["vs_never"]["runtime_s"]["value"] == pytest.approx(1.0)
 
 
 def _png_size(path: Path) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Run a declarative experiment (policies x workloads x threads x memory x repetitions) and
+"""Run a declarative experiment (arms x workloads x threads x memory x repetitions) and
 write raw results, analysis, figures and report.md.
 
   damon-hp experiment run experiments/smoke.toml            the 5-minute pipeline check
@@ -7,7 +7,7 @@ write raw results, analysis, figures and report.md.
   damon-hp experiment report DIR                            redo tables, figures, report.md
 
 By default an experiment runs inside the test VM (`where = "vm"` in the file): the THP
-policies switch the global THP mode and the DAMON policies need a DAMON of their own, which
+arms switch the global THP mode and the DAMON arms need a DAMON of their own, which
 only the VM offers on machines like this one. VM timings are emulated (QEMU TCG, ~25x slower).
 Results go to experiments/results/<name>/ unless --out says otherwise; a run whose result file
 exists there is not run again. Ctrl-C stops cleanly: no cgroup, kdamond or child is left, and
@@ -41,7 +41,7 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
                      "resumes the experiment")
     run.add_argument("--where", choices=("vm", "host"),
                      help="override the file's `where`: vm = inside the test VM (default), "
-                     "host = here, with host policies only")
+                     "host = here, with host arms only")
     run.add_argument("--json", action="store_true",
                      help="print a JSON summary (paths, run counts, headline ratios) on stdout")
     run.add_argument("--dry-run", action="store_true",
@@ -64,9 +64,9 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
 def _headline(analysis) -> list[dict]:  # type: ignore[no-untyped-def]
     rows = []
     for g in analysis.groups:
-        for p, s in g.policies.items():
+        for p, s in g.arms.items():
             rows.append({
-                "workload": g.workload, "threads": g.threads, "memory": g.memory, "policy": p,
+                "workload": g.workload, "threads": g.threads, "memory": g.memory, "arm": p,
                 "runs_ok": s.n_ok,
                 "runtime_vs_never": s.vs_never["runtime_s"].to_dict(),
                 "speedup_preserved": s.speedup_preserved.to_dict() if s.speedup_preserved
@@ -93,7 +93,7 @@ def _dry_run(args: argparse.Namespace) -> int:
             print(f"{'done ' if finished else 'todo '} {c.id}")
     for s in skipped:
         if not args.json:
-            print(f"left out: {s.policy} on {s.workload}: {s.reason}")
+            print(f"left out: {s.arm} on {s.workload}: {s.reason}")
     summary = {"experiment": exp.name, "out": str(out), "planned": len(cells), "finished": done,
                "expected_duration": exp.expected_duration}
     if args.json:

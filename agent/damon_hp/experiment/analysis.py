@@ -4,7 +4,7 @@ headline ratios, with honest "undefined" verdicts where a denominator is ~0.
 Conventions (the report repeats them for readers):
 * Runs are compared only within a group: same workload, thread count and memory condition.
 * A headline value is computed from medians over repetitions. Its spread is the range (min..max)
-  of the same quantity computed per repetition, pairing each policy's run with the thp-never
+  of the same quantity computed per repetition, pairing each arm's run with the thp-never
   (and thp-always) run of the same repetition: runs are interleaved, so a repetition's runs
   shared the machine's state.
 * Runtime is the time for a fixed amount of work: wall time, or ns per operation for benchmarks
@@ -32,7 +32,7 @@ NOISE_FLOOR_FRACTION = 0.01
 # A memory difference smaller than one huge page is not a THP memory overhead.
 MIN_MEMORY_GAP_BYTES = 2 << 20
 
-# (key, label, unit) of the per-policy metrics the report tabulates.
+# (key, label, unit) of the per-arm metrics the report tabulates.
 METRICS: list[tuple[str, str, str]] = [
     ("runtime_s", "runtime", "s"),
     ("wall_s", "wall time", "s"),
@@ -69,13 +69,13 @@ NORMALISED = [
 ]
 TLB_METRICS = ("dtlb_load_misses", "dtlb_store_misses", "itlb_load_misses")
 MEMORY_METRIC = "peak_rss_bytes"
-# (repetition index, value) of one metric for one policy in one group
+# (repetition index, value) of one metric for one arm in one group
 Pairs = list[tuple[int, float]]
 
 
 @dataclass(frozen=True)
 class Spread:
-    """Median and min..max of one metric over the ok runs of one policy."""
+    """Median and min..max of one metric over the ok runs of one arm."""
 
     median: float | None
     lo: float | None
@@ -104,8 +104,8 @@ class Ratio:
 
 
 @dataclass
-class PolicySummary:
-    policy: str
+class ArmSummary:
+    arm: str
     n_ok: int
     n_not_ok: int
     metrics: dict[str, Spread] = field(default_factory=dict)
@@ -115,7 +115,7 @@ class PolicySummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "policy": self.policy,
+            "arm": self.arm,
             "n_ok": self.n_ok,
             "n_not_ok": self.n_not_ok,
             "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
@@ -133,7 +133,7 @@ class GroupSummary:
     threads: int
     memory: str
     runtime_basis: str  # "wall time" or "ns per operation"
-    policies: dict[str, PolicySummary]
+    arms: dict[str, ArmSummary]
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -145,22 +145,22 @@ class GroupSummary:
             "threads": self.threads,
             "memory": self.memory,
             "runtime_basis": self.runtime_basis,
-            "policies": {k: v.to_dict() for k, v in self.policies.items()},
+            "arms": {k: v.to_dict() for k, v in self.arms.items()},
         }
 
 
 @dataclass
 class PressureEffect:
-    """Runtime with insufficient memory relative to sufficient, per policy (paired by rep)."""
+    """Runtime with insufficient memory relative to sufficient, per arm (paired by rep)."""
 
     workload: str
     threads: int
-    policy: str
+    arm: str
     slowdown: Ratio
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "workload": self.workload, "threads": self.threads, "policy": self.policy,
+            "workload": self.workload, "threads": self.threads, "arm": self.arm,
             "slowdown": self.slowdown.to_dict(),
         }  # fmt: skip
 
@@ -255,7 +255,7 @@ def gap_ratio(
     ratio is about (faster, or more memory); otherwise the ratio is meaningless.
     """
     if not p or not never or not always:
-        return Ratio(None, undefined="missing runs of this policy, thp-never or thp-always")
+        return Ratio(None, undefined="missing runs of this arm, thp-never or thp-always")
     s_p, s_n, s_a = (spread([v for _, v in x]) for x in (p, never, always))
     assert s_p.median is not None and s_n.median is not None and s_a.median is not None
     gap = denominator(s_n.median, s_a.median)
@@ -323,17 +323,17 @@ def _pairs(runs: list[RunResult], metric: str) -> Pairs:
 def _summarise_group(
     workload: str, threads: int, memory: str, runs: list[RunResult], order: list[str]
 ) -> GroupSummary:
-    by_policy: dict[str, list[RunResult]] = {}
+    by_arm: dict[str, list[RunResult]] = {}
     for r in runs:
-        by_policy.setdefault(r.policy, []).append(r)
-    ok = {p: [r for r in rs if r.status == OK] for p, rs in by_policy.items()}
+        by_arm.setdefault(r.arm, []).append(r)
+    ok = {p: [r for r in rs if r.status == OK] for p, rs in by_arm.items()}
     basis = "ns per operation" if any(r.ns_per_op is not None for r in runs) else "wall time"
     never = ok.get(BASELINE, [])
     always = ok.get(ALWAYS, [])
-    summaries: dict[str, PolicySummary] = {}
-    for policy in [p for p in order if p in by_policy]:
-        rs = ok[policy]
-        s = PolicySummary(policy, len(rs), len(by_policy[policy]) - len(rs))
+    summaries: dict[str, ArmSummary] = {}
+    for arm in [p for p in order if p in by_arm]:
+        rs = ok[arm]
+        s = ArmSummary(arm, len(rs), len(by_arm[arm]) - len(rs))
         for key, _, _ in METRICS:
             s.metrics[key] = spread(_values(rs, key))
         for key in NORMALISED:
@@ -347,16 +347,16 @@ def _summarise_group(
         s.overhead_removed = overhead_removed(
             _pairs(rs, MEMORY_METRIC), _pairs(never, MEMORY_METRIC), _pairs(always, MEMORY_METRIC)
         )
-        summaries[policy] = s
+        summaries[arm] = s
     return GroupSummary(workload, threads, memory, basis, summaries)
 
 
-def analyse(runs: list[RunResult], policy_order: list[str] | None = None) -> Analysis:
-    """Group, summarise and compare. `policy_order` fixes the order of policies in the output."""
-    order = list(policy_order or [])
+def analyse(runs: list[RunResult], arm_order: list[str] | None = None) -> Analysis:
+    """Group, summarise and compare. `arm_order` fixes the order of arms in the output."""
+    order = list(arm_order or [])
     for r in runs:
-        if r.policy not in order:
-            order.append(r.policy)
+        if r.arm not in order:
+            order.append(r.arm)
     groups: dict[tuple[str, int, str], list[RunResult]] = {}
     for r in runs:
         groups.setdefault((r.workload, r.threads, r.memory), []).append(r)
@@ -368,9 +368,9 @@ def analyse(runs: list[RunResult], policy_order: list[str] | None = None) -> Ana
     for (wl, th, mem) in keys:
         if mem != "insufficient" or (wl, th, "sufficient") not in groups:
             continue
-        for policy in order:
-            lo = [r for r in groups[(wl, th, "insufficient")] if r.policy == policy]
-            hi = [r for r in groups[(wl, th, "sufficient")] if r.policy == policy]
+        for arm in order:
+            lo = [r for r in groups[(wl, th, "insufficient")] if r.arm == arm]
+            hi = [r for r in groups[(wl, th, "sufficient")] if r.arm == arm]
             if not lo or not hi:
                 continue
             p_lo = _pairs([r for r in lo if r.status == OK], "runtime_s")
@@ -380,7 +380,7 @@ def analyse(runs: list[RunResult], policy_order: list[str] | None = None) -> Ana
             else:
                 statuses = ", ".join(sorted({r.status for r in lo}))
                 ratio = Ratio(None, undefined=f"no ok run with insufficient memory ({statuses})")
-            pressure.append(PressureEffect(wl, th, policy, ratio))
+            pressure.append(PressureEffect(wl, th, arm, ratio))
 
     not_ok = [
         {"cell_id": r.cell_id, "status": r.status, "exit_code": r.exit_code, "notes": r.notes}

@@ -20,9 +20,9 @@ from typing import Any
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.experiment import environment, spec
 from damon_hp.experiment.analysis import Analysis, analyse
-from damon_hp.experiment.report import ReportInput, render
 from damon_hp.experiment.results import load_runs, write_json_atomic, write_tables
 from damon_hp.experiment.runner import ERROR, Outcome, run_experiment
+from damon_hp.experiment.writeup import ReportInput, render
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SPEC_COPY = "experiment.toml"
@@ -89,11 +89,11 @@ def prepare_inputs(exp: spec.Experiment) -> None:
     seen = set()
     with tempfile.TemporaryDirectory(prefix="damon-hp-inputs-") as tmp:
         for c in cells:
-            key = (workloads.program_for(c.workload, c.policy), c.workload.input, c.threads)
+            key = (workloads.program_for(c.workload, c.arm), c.workload.input, c.threads)
             if c.workload.input is None or key in seen:
                 continue
             seen.add(key)
-            workloads.resolve(c.workload, c.threads, c.policy, Path(tmp) / str(len(seen)))
+            workloads.resolve(c.workload, c.threads, c.arm, Path(tmp) / str(len(seen)))
 
 
 def run_in_vm(exp: spec.Experiment, out: Path, vm_memory: str) -> Outcome:
@@ -164,7 +164,7 @@ def finalize(out: Path, elapsed_s: float | None = None) -> Finalized:
     env_path = out / "environment.json"
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
     write_tables(out, runs, env)
-    analysis = analyse(runs, policy_order=list(exp.policies))
+    analysis = analyse(runs, arm_order=list(exp.arms))
     write_json_atomic(out / "analysis.json", analysis.to_dict())
     figures: dict[str, list[tuple[str, str]]] = {}
     figures_error = None

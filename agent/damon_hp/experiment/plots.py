@@ -15,7 +15,7 @@ from typing import Any
 from damon_hp.experiment.analysis import Analysis, GroupSummary, Ratio
 from damon_hp.experiment.results import OK, RunResult
 
-# One colour per policy, stable across figures (colour-blind-safe Okabe-Ito palette).
+# One colour per arm, stable across figures (colour-blind-safe Okabe-Ito palette).
 COLOURS = {
     "thp-never": "#000000",
     "thp-always": "#E69F00",
@@ -32,8 +32,8 @@ NORMALISED_PANELS = [
 ]
 
 
-def _colour(policy: str) -> str:
-    return COLOURS.get(policy, "#999999")
+def _colour(arm: str) -> str:
+    return COLOURS.get(arm, "#999999")
 
 
 def _bar_with_range(ax: Any, x: float, r: Ratio | None, width: float, colour: str) -> None:
@@ -60,61 +60,61 @@ def _slug(text: str) -> str:
 def _normalised(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> None:
     """Bars of runtime, faults and TLB misses / thp-never, one cluster per thread count."""
     fig, axes = plt.subplots(1, len(NORMALISED_PANELS), figsize=(4.2 * len(NORMALISED_PANELS), 3.6))
-    policies = _policies(groups)
+    arms = _arms(groups)
     for ax, (metric, label) in zip(axes, NORMALISED_PANELS, strict=True):
-        width = 0.8 / max(1, len(policies))
+        width = 0.8 / max(1, len(arms))
         ax.set_xlim(-0.5, len(groups) - 0.5)
         ax.set_xticks(range(len(groups)), [f"{g.threads} thr" for g in groups])
         ax.set_title(f"{label} / thp-never", fontsize=10)
-        ratios = {(gi, p): (g.policies[p].vs_never.get(metric) if p in g.policies else None)
-                  for gi, g in enumerate(groups) for p in policies}
+        ratios = {(gi, p): (g.arms[p].vs_never.get(metric) if p in g.arms else None)
+                  for gi, g in enumerate(groups) for p in arms}
         if all(r is None or r.value is None for r in ratios.values()):
             reason = "n/a (no PMU)" if "tlb" in metric else "no data"
             ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes)
             ax.set_yticks([])
             continue
         for (gi, p), r in ratios.items():
-            pi = policies.index(p)
-            _bar_with_range(ax, gi + (pi - (len(policies) - 1) / 2) * width, r, width,
+            pi = arms.index(p)
+            _bar_with_range(ax, gi + (pi - (len(arms) - 1) / 2) * width, r, width,
                             _colour(p))
         ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
-    _legend(fig, policies)
+    _legend(fig, arms)
     fig.suptitle(title, fontsize=11)
     _layout(fig, top=0.78)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _policies(groups: list[GroupSummary]) -> list[str]:
+def _arms(groups: list[GroupSummary]) -> list[str]:
     out: list[str] = []
     for g in groups:
-        for p in g.policies:
+        for p in g.arms:
             if p not in out:
                 out.append(p)
     return out
 
 
-def _legend(fig: Any, policies: list[str]) -> None:
+def _legend(fig: Any, arms: list[str]) -> None:
     import matplotlib.patches as mpatches
 
-    handles = [mpatches.Patch(color=_colour(p), label=p) for p in policies]
-    fig.legend(handles=handles, loc="upper center", ncol=min(len(policies), 7), fontsize=8,
+    handles = [mpatches.Patch(color=_colour(p), label=p) for p in arms]
+    fig.legend(handles=handles, loc="upper center", ncol=min(len(arms), 7), fontsize=8,
                bbox_to_anchor=(0.5, 0.93), frameon=False)
 
 
 def _memory(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> None:
-    """Peak RSS and mean AnonHugePages per policy (MiB), median with min..max."""
+    """Peak RSS and mean AnonHugePages per arm (MiB), median with min..max."""
     panels = [("peak_rss_bytes", "peak RSS (MiB)"), ("anon_huge_mean_bytes",
                                                      "AnonHugePages, time-weighted mean (MiB)")]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    policies = _policies(groups)
-    width = 0.8 / max(1, len(policies))
+    arms = _arms(groups)
+    width = 0.8 / max(1, len(arms))
     for ax, (metric, label) in zip(axes, panels, strict=True):
         for gi, g in enumerate(groups):
-            for pi, p in enumerate(policies):
-                s = g.policies.get(p)
+            for pi, p in enumerate(arms):
+                s = g.arms.get(p)
                 sp = s.metrics.get(metric) if s else None
-                x = gi + (pi - (len(policies) - 1) / 2) * width
+                x = gi + (pi - (len(arms) - 1) / 2) * width
                 if sp is None or sp.median is None:
                     continue
                 mib = 2**20
@@ -126,7 +126,7 @@ def _memory(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> Non
         ax.set_xlim(-0.5, len(groups) - 0.5)
         ax.set_xticks(range(len(groups)), [f"{g.threads} thr" for g in groups])
         ax.set_title(label, fontsize=10)
-    _legend(fig, policies)
+    _legend(fig, arms)
     fig.suptitle(title, fontsize=11)
     _layout(fig, top=0.78)
     fig.savefig(path, dpi=110)
@@ -134,7 +134,7 @@ def _memory(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> Non
 
 
 def _pareto(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> None:
-    """Runtime against peak RSS, one point per policy (medians, whiskers = min..max)."""
+    """Runtime against peak RSS, one point per arm (medians, whiskers = min..max)."""
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(groups), figsize=(max(6.5, 4.5 * len(groups)), 4.0),
@@ -143,7 +143,7 @@ def _pareto(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> Non
         per_op = g.runtime_basis == "ns per operation"
         scale, unit = (1e9, "ns per operation") if per_op else (1.0, "s")
         pts = []
-        for p, s in g.policies.items():
+        for p, s in g.arms.items():
             t, m = s.metrics.get("runtime_s"), s.metrics.get("peak_rss_bytes")
             if not t or not m or t.median is None or m.median is None:
                 continue
@@ -182,22 +182,22 @@ def _pressure(plt: Any, analysis: Analysis, workload: str, path: Path, title: st
     if not effects:
         return False
     threads = sorted({e.threads for e in effects})
-    policies: list[str] = []
+    arms: list[str] = []
     for e in effects:
-        if e.policy not in policies:
-            policies.append(e.policy)
+        if e.arm not in arms:
+            arms.append(e.arm)
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    width = 0.8 / max(1, len(policies))
+    width = 0.8 / max(1, len(arms))
     for ti, th in enumerate(threads):
-        for pi, p in enumerate(policies):
-            e = next((e for e in effects if e.threads == th and e.policy == p), None)
-            _bar_with_range(ax, ti + (pi - (len(policies) - 1) / 2) * width,
+        for pi, p in enumerate(arms):
+            e = next((e for e in effects if e.threads == th and e.arm == p), None)
+            _bar_with_range(ax, ti + (pi - (len(arms) - 1) / 2) * width,
                             e.slowdown if e else None, width, _colour(p))
     ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
     ax.set_xlim(-0.5, len(threads) - 0.5)
     ax.set_xticks(range(len(threads)), [f"{t} thr" for t in threads])
     ax.set_ylabel("runtime insufficient / sufficient")
-    _legend(fig, policies)
+    _legend(fig, arms)
     fig.suptitle(title, fontsize=11)
     _layout(fig, top=0.76)
     fig.savefig(path, dpi=110)
@@ -218,7 +218,7 @@ def _timeline(plt: Any, runs: list[RunResult], workload: str, path: Path, title:
         t = [s["t"] for s in r.samples if s.get("anon_huge") is not None]
         y = [s["anon_huge"] / 2**20 for s in r.samples if s.get("anon_huge") is not None]
         if t:
-            ax.step(t, y, where="post", color=_colour(r.policy), label=r.policy, linewidth=1.2)
+            ax.step(t, y, where="post", color=_colour(r.arm), label=r.arm, linewidth=1.2)
     ax.set_xlabel("seconds since the workload started")
     ax.set_ylabel("AnonHugePages (MiB)")
     ax.legend(fontsize=7, ncol=2)
@@ -285,8 +285,8 @@ def make_plots(analysis: Analysis, runs: list[RunResult], outdir: Path) -> dict[
                          "(bars: median ratio; whiskers: per-repetition range; threads side by "
                          "side)", f"{outdir.name}/{p.name}"))
             p = outdir / f"{slug}_{mem}_memory.png"
-            _memory(plt, groups, p, f"{wl}, {mem} memory: memory use per policy")
-            figs.append((f"{mem} memory: peak RSS and mean AnonHugePages per policy",
+            _memory(plt, groups, p, f"{wl}, {mem} memory: memory use per arm")
+            figs.append((f"{mem} memory: peak RSS and mean AnonHugePages per arm",
                          f"{outdir.name}/{p.name}"))
             p = outdir / f"{slug}_{mem}_pareto.png"
             _pareto(plt, groups, p, f"{wl}, {mem} memory: runtime vs memory")
@@ -295,10 +295,10 @@ def make_plots(analysis: Analysis, runs: list[RunResult], outdir: Path) -> dict[
         p = outdir / f"{slug}_pressure.png"
         if _pressure(plt, analysis, wl, p, f"{wl}: slowdown under memory pressure"):
             figs.append(("runtime with insufficient memory relative to sufficient memory, per "
-                         "policy", f"{outdir.name}/{p.name}"))
+                         "arm", f"{outdir.name}/{p.name}"))
         p = outdir / f"{slug}_timeline.png"
         if _timeline(plt, runs, wl, p, f"{wl}: AnonHugePages over time"):
-            figs.append(("AnonHugePages over time, one line per policy",
+            figs.append(("AnonHugePages over time, one line per arm",
                          f"{outdir.name}/{p.name}"))
         figures[wl] = figs
     return figures

@@ -29,8 +29,8 @@ def eta_seconds(remaining: Iterable[Hashable], durations: dict[Hashable, list[fl
 
 
 def _kind(cell: Cell) -> tuple[str, int, str]:
-    # Policies differ in cost too (the agent's start-up, damo), so they are part of the kind.
-    return (cell.workload.name, cell.threads, cell.policy)
+    # Arms differ in cost too (the agent's start-up, damo), so they are part of the kind.
+    return (cell.workload.name, cell.threads, cell.arm)
 
 
 class Progress:

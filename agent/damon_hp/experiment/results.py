@@ -9,6 +9,10 @@ Layout of an experiment directory (DIR):
   DIR/analysis.json, DIR/plots/*.png, DIR/report.md
 
 A metric that could not be measured is None (null in JSON, empty in CSV), never 0.
+
+A run's arm (thp-never, damon-hp, oracle, ...) is its field "arm". Run files written before that
+name was chosen call it "policy"; `RunResult.from_dict` reads both, so an old directory resumes
+(a finished cell is known by its file name, which never changed) and its report can be rebuilt.
 """
 
 from __future__ import annotations
@@ -34,13 +38,13 @@ class RunResult:
     program: str
     input: str | None
     threads: int
-    policy: str
+    arm: str
     memory: str
     rep: int
     status: str = OK
     exit_code: int | None = None
     where: str = ""  # "vm" or "host"
-    mechanism: str = ""  # how the policy was applied (global THP mode, prctl, damo, agent)
+    mechanism: str = ""  # how the arm was applied (global THP mode, prctl, damo, agent)
     started_at: str = ""  # wall-clock ISO time, for the reader
     # time
     wall_s: float | None = None
@@ -65,7 +69,7 @@ class RunResult:
     dtlb_load_misses: int | None = None
     dtlb_store_misses: int | None = None
     itlb_load_misses: int | None = None
-    # cost of the policy itself
+    # cost of the arm itself
     agent_cpu_s: float | None = None
     kdamond_cpu_s: float | None = None
     # ground truth: how fast and how fully the hot set became huge-page backed
@@ -83,6 +87,8 @@ class RunResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunResult:
         names = {f.name for f in fields(cls)}
+        if "arm" not in d and "policy" in d:
+            d = {**d, "arm": d["policy"]}  # written before the arms were renamed (see module)
         return cls(**{k: v for k, v in d.items() if k in names})
 
     @property

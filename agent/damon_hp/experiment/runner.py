@@ -1,10 +1,10 @@
 """Run the cells of an experiment, one process tree at a time, resumably.
 
-One cell: set the policy's THP mode, make the run's cgroup (with memory.max for `insufficient`),
-spawn the launcher (wrapped by the policy: `damon-hp run -- ...`), learn the workload's pid,
-attach the policy, sample the workload until its pidfd says it exited, collect its exit status,
+One cell: set the arm's THP mode, make the run's cgroup (with memory.max for `insufficient`),
+spawn the launcher (wrapped by the arm: `damon-hp run -- ...`), learn the workload's pid,
+attach the arm, sample the workload until its pidfd says it exited, collect its exit status,
 resource usage and cgroup counters, and write one JSON result. Interrupted or not, the cell's
-ExitStack kills the process tree, stops what the policy started and removes the cgroup.
+ExitStack kills the process tree, stops what the arm started and removes the cgroup.
 
 Resumption: a cell whose result file exists (in the output directory or in a `previous` one) is
 not run again, unless its status is "error" (the runner could not run it at all).
@@ -32,7 +32,7 @@ from damon_hp import perf, procfs
 from damon_hp.damon import kdamond
 from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
 from damon_hp.errors import DamonHpError, EnvironmentProblem
-from damon_hp.experiment import launch, policies, workloads
+from damon_hp.experiment import arms, launch, workloads
 from damon_hp.experiment.environment import in_vm, pmu_available
 from damon_hp.experiment.measure import Sampler
 from damon_hp.experiment.memory import RunCgroup, ZramSwap, active_swap_bytes
@@ -121,15 +121,15 @@ def is_done(ctx: Context, cell: Cell) -> bool:
 def check_runnable(exp: Experiment, cells: list[Cell], vm: bool) -> None:
     """Every reason the experiment cannot run here, before anything starts."""
     problems = []
-    for name in sorted({c.policy for c in cells}):
+    for name in sorted({c.arm for c in cells}):
         try:
-            policies.make(name).check(vm)
+            arms.make(name).check(vm)
         except EnvironmentProblem as e:
             problems.append(str(e))
     if not vm and any(c.memory == "insufficient" for c in cells):
         problems.append("the insufficient-memory condition needs a cgroup and swap of its own; "
                         'it runs only in the test VM (where = "vm")')
-    missing = workloads.check_built({workloads.program_for(c.workload, c.policy) for c in cells})
+    missing = workloads.check_built({workloads.program_for(c.workload, c.arm) for c in cells})
     if missing:
         problems.append(f"workloads not built: {', '.join(missing)}; run `make workloads`")
     if problems:
@@ -143,7 +143,7 @@ def insufficient_limit(ctx: Context, cell: Cell) -> int | None:
         return ctx.limits[key]
     peaks = []
     for r in ctx.finished().values():
-        if (r.policy == ALWAYS and r.memory == "sufficient" and r.status == OK
+        if (r.arm == ALWAYS and r.memory == "sufficient" and r.status == OK
                 and r.workload == cell.workload.name and r.threads == cell.threads):
             v = r.cgroup_peak_bytes or r.peak_rss_bytes
             if v:
@@ -278,7 +278,7 @@ def _terminate(proc: subprocess.Popen[bytes], graceful_s: float) -> None:
 
 def stop_leftover_kdamonds(before: set[int], notes: list[str]) -> None:
     """VM only: a kdamond that appeared during the run and still runs after it was left by the
-    policy (an agent that crashed); stop it so the next run starts clean."""
+    arm (an agent that crashed); stop it so the next run starts clean."""
     if not in_vm():
         return
     for name, pid in kdamond_pids().items():
@@ -286,7 +286,7 @@ def stop_leftover_kdamonds(before: set[int], notes: list[str]) -> None:
             continue
         try:
             kdamond.stop_unowned_in_vm(name)
-            notes.append(f"kdamond {name} (pid {pid}) was left running by the policy; the "
+            notes.append(f"kdamond {name} (pid {pid}) was left running by the arm; the "
                          "runner stopped it")
         except (OSError, DamonHpError) as e:
             notes.append(f"kdamond {name} (pid {pid}) was left running and could not be "
@@ -332,32 +332,32 @@ def _usage_delta(mark: dict[str, Any], a: str, b: str) -> dict[str, float]:
 
 def run_cell(ctx: Context, cell: Cell) -> RunResult:
     exp, vm = ctx.exp, ctx.vm
-    policy = policies.make(cell.policy)
-    options = exp.options(cell.policy)
+    arm = arms.make(cell.arm)
+    options = exp.options(cell.arm)
     rundir = ctx.out / "runs" / cell.id
     if rundir.exists():
         shutil.rmtree(rundir)  # a partial run of an interrupted earlier attempt
     rundir.mkdir(parents=True)
-    state = policies.RunState(rundir, options)
+    state = arms.RunState(rundir, options)
     result = RunResult(
         cell_id=cell.id, workload=cell.workload.name,
-        program=workloads.program_for(cell.workload, cell.policy), input=cell.workload.input,
-        threads=cell.threads, policy=cell.policy, memory=cell.memory, rep=cell.rep,
-        where="vm" if vm else "host", mechanism=policy.mechanism(vm, options),
+        program=workloads.program_for(cell.workload, cell.arm), input=cell.workload.input,
+        threads=cell.threads, arm=cell.arm, memory=cell.memory, rep=cell.rep,
+        where="vm" if vm else "host", mechanism=arm.mechanism(vm, options),
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=state.notes,
     )
     try:
-        _execute(ctx, cell, policy, state, result)
+        _execute(ctx, cell, arm, state, result)
     except (DamonHpError, OSError) as e:
         result.status = ERROR
         state.notes.append(str(e))
     return result
 
 
-def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.RunState,
+def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
              result: RunResult) -> None:
     vm, rundir = ctx.vm, state.rundir
-    cmd = workloads.resolve(cell.workload, cell.threads, cell.policy, rundir / "work")
+    cmd = workloads.resolve(cell.workload, cell.threads, cell.arm, rundir / "work")
     memory_max = None
     if cell.memory == "insufficient":
         memory_max = insufficient_limit(ctx, cell)
@@ -367,32 +367,32 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
         result.memory_max_bytes = memory_max
 
     with contextlib.ExitStack() as stack:
-        mode = policy.thp_mode(vm, state.options)
+        mode = arm.thp_mode(vm, state.options)
         if mode:
-            policies.set_global_thp(mode)
+            arms.set_global_thp(mode)
         cg = None
         if vm:
             cg = RunCgroup.create(cell.id, memory_max)
             stack.callback(cg.remove)
         mark = rundir / "mark.json"
-        flags = policy.launcher_flags(vm)
-        env = dict(os.environ, **policy.env(vm), **workloads.ground_truth_env(cmd_program(cmd)))
+        flags = arm.launcher_flags(vm)
+        env = dict(os.environ, **arm.env(vm), **workloads.ground_truth_env(cmd_program(cmd)))
         foreign = set(kdamond_pids().values())
         stack.callback(stop_leftover_kdamonds, foreign, state.notes)
-        stack.callback(policy.cleanup, state)
+        stack.callback(arm.cleanup, state)
         # A pipe, not a FIFO: the run directory may be on 9p (VM), where FIFOs do not work.
-        hold_r, hold_w = os.pipe() if policy.needs_hold else (-1, -1)
+        hold_r, hold_w = os.pipe() if arm.needs_hold else (-1, -1)
         if hold_w >= 0:
             stack.callback(_close_quietly, hold_w)
-        wrapped = policy.wraps
+        wrapped = arm.wraps
         if wrapped:
             # The agent forks and execs the workload itself. No launcher in between: a second
             # exec would leave the agent watching the launcher's address space through the
             # /proc files it opened after the first one. The runner moves the agent's held
             # child into the cgroup and notices its exec instead (see _follow_agent_child).
-            argv = policy.wrap(list(cmd.argv), state)
+            argv = arm.wrap(list(cmd.argv), state)
             preexec = None
-        elif not policy.needs_hold:
+        elif not arm.needs_hold:
             # Nothing in between: the last steps run in the forked child (no launcher start-up).
             argv = list(cmd.argv)
             preexec = functools.partial(launch.prepare, str(mark),
@@ -412,7 +412,7 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
             out = files.enter_context(open(rundir / "stdout.txt", "wb"))
             err = files.enter_context(open(rundir / "stderr.txt", "wb"))
             stdin: Any = subprocess.DEVNULL
-            if cmd.stdin and not policy.needs_hold:
+            if cmd.stdin and not arm.needs_hold:
                 stdin = files.enter_context(open(cmd.stdin, "rb"))
             try:
                 proc = subprocess.Popen(argv, stdin=stdin, stdout=out, stderr=err,
@@ -431,9 +431,9 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
             pid, t0 = _follow_agent_child(proc, cmd.argv[0], cg, start_deadline, state.notes)
             info: dict[str, Any] = {}
         else:
-            if policy.needs_hold:
+            if arm.needs_hold:
                 held = _wait_mark(mark, proc, "pid", start_deadline)
-                policy.attach(int(held["pid"]), state)
+                arm.attach(int(held["pid"]), state)
                 os.write(hold_w, b"g")
             info = _wait_mark(mark, proc, "t0", start_deadline)
             pid, t0 = int(info["pid"]), float(info["t0"])
@@ -442,7 +442,7 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
             stack.callback(session.__exit__, None, None, None)
         sampler = Sampler(pid, t0, agent_pid=proc.pid if wrapped else None,
                           foreign_kdamonds=foreign)
-        timed_out = _watch(ctx, cell, policy, state, sampler, rundir / "stdout.txt")
+        timed_out = _watch(ctx, cell, arm, state, sampler, rundir / "stdout.txt")
         t_end = time.monotonic()
 
         reaped = _wait4(proc, AGENT_EXIT_TIMEOUT_S if wrapped else 10.0)
@@ -452,7 +452,7 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
             code, ru = proc.returncode, None
         else:
             code, ru = reaped
-        policy.finish(state)
+        arm.finish(state)
         stats = cg.stats() if cg else None
         if session is not None:
             _read_perf(session, result, state.notes)
@@ -498,7 +498,7 @@ def _execute(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.
         result.status = OK
 
 
-def _watch(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.RunState,
+def _watch(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
            sampler: Sampler, stdout_path: Path) -> bool:
     """Sample until the workload exits; True when it had to be killed at the timeout."""
     interval = ctx.exp.sample_interval_s
@@ -519,7 +519,7 @@ def _watch(ctx: Context, cell: Cell, policy: policies.Policy, state: policies.Ru
                 if ranges:
                     sampler.set_hot(ranges, now)
                     sampler.sample(time.monotonic())
-                    policy.on_hot_ranges(sampler.pid, sampler.t0, ranges, state)
+                    arm.on_hot_ranges(sampler.pid, sampler.t0, ranges, state)
             ready, _, _ = select.select([pidfd], [], [], interval)
             if ready:
                 return False
@@ -591,7 +591,7 @@ def run_experiment(exp: Experiment, out: Path, previous: list[Path] | None = Non
         if vm:
             original = procfs.thp_mode()
             if original in ("always", "madvise", "never"):
-                stack.callback(policies.set_global_thp, original)
+                stack.callback(arms.set_global_thp, original)
             if (any(c.memory == "insufficient" for c in todo)
                     and exp.insufficient.swap == "zram" and active_swap_bytes() == 0):
                 swap = ZramSwap.setup(exp.insufficient.swap_bytes)

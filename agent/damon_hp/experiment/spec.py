@@ -1,12 +1,15 @@
 """Experiment files: TOML in, validated dataclasses out, and the run matrix they expand to.
 
-An experiment file names policies, workloads (program + input set, or program + explicit args),
+An experiment file names arms, workloads (program + input set, or program + explicit args),
 thread counts, memory conditions and a repetition count; `expand` turns it into the ordered list
-of cells the runner executes. Order matters twice:
+of cells the runner executes. An arm is one way of backing memory that the experiment compares
+(thp-never, damos-ethp, damon-hp, oracle, ...). Files written before the arms had that name say
+`policies` for `arms` and `[policy.NAME]` for `[arm.NAME]`: both are still read (OLD_NAMES).
+Order matters twice:
 
-* interleaving: one repetition runs every policy once before the next repetition starts, and the
-  policy order rotates by one each repetition, so slow drift of the machine (and any cost of
-  coming right after a given policy) spreads over all policies instead of biasing one;
+* interleaving: one repetition runs every arm once before the next repetition starts, and the
+  arm order rotates by one each repetition, so slow drift of the machine (and any cost of
+  coming right after a given arm) spreads over all arms instead of biasing one;
 * dependencies: the `insufficient` memory limit is a fraction of thp-always's measured peak, so in
   every repetition the `sufficient` cells of a workload run before its `insufficient` cells.
 
@@ -24,7 +27,7 @@ from typing import Any
 
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 
-POLICIES: dict[str, str] = {
+ARMS: dict[str, str] = {
     "thp-never": "no huge pages (system THP mode never)",
     "thp-always": "huge pages everywhere (system THP mode always)",
     "thp-madvise": "huge pages only where the program asks (system THP mode madvise)",
@@ -47,6 +50,11 @@ COMPACT_VARIANTS = {"streamcluster": "streamcluster-compact"}
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
+# Old key names, from when the arms were called policies (the agent's decision rule is its
+# policy): still accepted, so existing experiment files keep working.
+OLD_NAMES = {"arms": "policies", "arm": "policy"}
+OLD_NAMES_NOTE = "(old files may say `policies` for `arms` and [policy.NAME] for [arm.NAME])"
+
 
 class SpecError(DamonHpError):
     """The experiment file is wrong; the message says where and how to fix it."""
@@ -64,7 +72,7 @@ class Workload:
     threads: tuple[int, ...] = (1,)
     label: str = ""
     # Optional narrowing of the experiment-wide lists for this workload only.
-    policies: tuple[str, ...] | None = None
+    arms: tuple[str, ...] | None = None
     memory: tuple[str, ...] | None = None
 
     @property
@@ -81,13 +89,13 @@ class Insufficient:
     fraction_of_always_peak: float = 0.6
     swap: str = "zram"  # zram | none
     swap_bytes: int = 1 << 30
-    # Policies that also run with insufficient memory (None: all), to keep big matrices short.
-    policies: tuple[str, ...] | None = None
+    # Arms that also run with insufficient memory (None: all), to keep big matrices short.
+    arms: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
-class PolicyOptions:
-    """Per-policy knobs: the system THP mode it runs under and extra agent arguments."""
+class ArmOptions:
+    """Per-arm knobs: the system THP mode it runs under and extra agent arguments."""
 
     thp: str | None = None
     agent_args: tuple[str, ...] = ()
@@ -99,7 +107,7 @@ class Experiment:
     description: str
     where: str
     repetitions: int
-    policies: tuple[str, ...]
+    arms: tuple[str, ...]
     memory: tuple[str, ...]
     workloads: tuple[Workload, ...]
     insufficient: Insufficient = field(default_factory=Insufficient)
@@ -107,11 +115,11 @@ class Experiment:
     timeout_s: float = 600.0
     warmup: bool = True
     expected_duration: str = ""
-    policy_options: dict[str, PolicyOptions] = field(default_factory=dict)
+    arm_options: dict[str, ArmOptions] = field(default_factory=dict)
     source: str = ""
 
-    def options(self, policy: str) -> PolicyOptions:
-        return self.policy_options.get(policy, PolicyOptions())
+    def options(self, arm: str) -> ArmOptions:
+        return self.arm_options.get(arm, ArmOptions())
 
 
 @dataclass(frozen=True)
@@ -120,13 +128,13 @@ class Cell:
 
     workload: Workload
     threads: int
-    policy: str
+    arm: str
     memory: str
     rep: int
 
     @property
     def id(self) -> str:
-        return f"{self.workload.name}_t{self.threads}_{self.policy}_{self.memory}_r{self.rep}"
+        return f"{self.workload.name}_t{self.threads}_{self.arm}_{self.memory}_r{self.rep}"
 
     @property
     def group(self) -> tuple[str, int, str]:
@@ -139,12 +147,24 @@ class Skipped:
     """A combination the matrix leaves out, and why (shown in the report)."""
 
     workload: str
-    policy: str
+    arm: str
     reason: str
 
 
 def _fail(where: str, what: str) -> SpecError:
     return SpecError(f"experiment file: {where}: {what}")
+
+
+def _renamed(table: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """`table` with the old name of `key` (OLD_NAMES) read as `key`; both at once is an error."""
+    old = OLD_NAMES[key]
+    if old not in table:
+        return table
+    if key in table:
+        raise _fail(where, f"has both {key!r} and its old name {old!r}; keep only {key!r}")
+    out = dict(table)
+    out[key] = out.pop(old)
+    return out
 
 
 def _str_list(value: Any, where: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -181,7 +201,8 @@ def _workload(raw: Any, i: int) -> Workload:
     where = f"[[workloads]] #{i + 1}"
     if not isinstance(raw, dict):
         raise _fail(where, "must be a table")
-    known = {"program", "input", "args", "threads", "label", "policies", "memory"}
+    raw = _renamed(raw, "arms", where)
+    known = {"program", "input", "args", "threads", "label", "arms", "memory"}
     extra = set(raw) - known
     if extra:
         raise _fail(where, f"unknown keys {sorted(extra)}; known: {sorted(known)}")
@@ -215,7 +236,7 @@ def _workload(raw: Any, i: int) -> Workload:
     label = raw.get("label", "")
     if label and (not isinstance(label, str) or not _NAME_RE.match(label)):
         raise _fail(where, f"'label' must be a simple name (letters, digits, -_.+), got {label!r}")
-    policies = raw.get("policies")
+    arms = raw.get("arms")
     memory = raw.get("memory")
     return Workload(
         program=program,
@@ -223,22 +244,25 @@ def _workload(raw: Any, i: int) -> Workload:
         args=args,
         threads=tuple(threads),
         label=label,
-        policies=_str_list(policies, f"{where}.policies", tuple(POLICIES)) if policies else None,
+        arms=_str_list(arms, f"{where}.arms", tuple(ARMS)) if arms else None,
         memory=_str_list(memory, f"{where}.memory", MEMORY_CONDITIONS) if memory else None,
     )
 
 
 def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
     """Validate a decoded TOML document. Every error names the key and what is allowed."""
-    known = {"experiment", "workloads", "insufficient", "policy"}
+    data = _renamed(data, "arm", "top level")
+    known = {"experiment", "workloads", "insufficient", "arm"}
     extra = set(data) - known
     if extra:
         raise _fail("top level", f"unknown tables {sorted(extra)}; known: {sorted(known)}")
     exp = data.get("experiment")
     if not isinstance(exp, dict):
-        raise _fail("[experiment]", "missing; it holds name, policies, memory, repetitions")
+        raise _fail("[experiment]", "missing; it holds name, arms, memory, repetitions "
+                    + OLD_NAMES_NOTE)
+    exp = _renamed(exp, "arms", "[experiment]")
     known_exp = {
-        "name", "description", "where", "repetitions", "policies", "memory",
+        "name", "description", "where", "repetitions", "arms", "memory",
         "sample_interval_s", "timeout_s", "expected_duration", "warmup",
     }  # fmt: skip
     extra = set(exp) - known_exp
@@ -253,10 +277,10 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
     reps = exp.get("repetitions", 3)
     if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
         raise _fail("[experiment].repetitions", f"must be an integer >= 1, got {reps!r}")
-    policies = _str_list(exp.get("policies"), "[experiment].policies", tuple(POLICIES))
-    if BASELINE not in policies:
+    arms = _str_list(exp.get("arms"), "[experiment].arms", tuple(ARMS))
+    if BASELINE not in arms:
         raise _fail(
-            "[experiment].policies",
+            "[experiment].arms",
             f"must include {BASELINE!r}: every ratio is normalised to it",
         )
     memory = _str_list(exp.get("memory", ["sufficient"]), "[experiment].memory",
@@ -264,9 +288,9 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
     if "insufficient" in memory and "sufficient" not in memory:
         raise _fail("[experiment].memory", "'insufficient' needs 'sufficient' too: its limit is "
                     "a fraction of thp-always's peak measured with sufficient memory")
-    if "insufficient" in memory and ALWAYS not in policies:
-        raise _fail("[experiment].policies", "'insufficient' memory needs 'thp-always' in the "
-                    "policies: its limit is a fraction of thp-always's measured peak")
+    if "insufficient" in memory and ALWAYS not in arms:
+        raise _fail("[experiment].arms", "'insufficient' memory needs 'thp-always' in the "
+                    "arms: its limit is a fraction of thp-always's measured peak")
     interval = exp.get("sample_interval_s", 0.5)
     if not isinstance(interval, int | float) or not 0.01 <= interval <= 60:
         raise _fail("[experiment].sample_interval_s", f"must be 0.01..60 s, got {interval!r}")
@@ -286,7 +310,8 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
     ins_raw = data.get("insufficient", {})
     if not isinstance(ins_raw, dict):
         raise _fail("[insufficient]", "must be a table")
-    extra = set(ins_raw) - {"fraction_of_always_peak", "swap", "swap_size", "policies"}
+    ins_raw = _renamed(ins_raw, "arms", "[insufficient]")
+    extra = set(ins_raw) - {"fraction_of_always_peak", "swap", "swap_size", "arms"}
     if extra:
         raise _fail("[insufficient]", f"unknown keys {sorted(extra)}")
     frac = ins_raw.get("fraction_of_always_peak", 0.6)
@@ -299,35 +324,35 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
         swap_bytes = parse_size(ins_raw.get("swap_size", "1G"))
     except ValueError as e:
         raise _fail("[insufficient].swap_size", str(e)) from None
-    ins_policies = None
-    if "policies" in ins_raw:
-        ins_policies = _str_list(ins_raw["policies"], "[insufficient].policies", policies)
+    ins_arms = None
+    if "arms" in ins_raw:
+        ins_arms = _str_list(ins_raw["arms"], "[insufficient].arms", arms)
         for needed in (BASELINE, ALWAYS):
-            if needed not in ins_policies:
-                raise _fail("[insufficient].policies", f"must include {needed!r}: the ratios "
+            if needed not in ins_arms:
+                raise _fail("[insufficient].arms", f"must include {needed!r}: the ratios "
                             "under memory pressure are relative to it")
 
-    pol_raw = data.get("policy", {})
-    if not isinstance(pol_raw, dict):
-        raise _fail("[policy.NAME]", "must be tables named after policies")
-    options: dict[str, PolicyOptions] = {}
-    for pname, praw in pol_raw.items():
-        where_p = f"[policy.{pname}]"
-        if pname not in POLICIES:
-            raise _fail(where_p, f"unknown policy; choose from {', '.join(POLICIES)}")
-        if not isinstance(praw, dict) or set(praw) - {"thp", "agent_args"}:
-            raise _fail(where_p, "allowed keys: thp (never|madvise|always), agent_args (list)")
-        thp = praw.get("thp")
+    arm_tables = data.get("arm", {})
+    if not isinstance(arm_tables, dict):
+        raise _fail("[arm.NAME]", "must be tables named after arms")
+    options: dict[str, ArmOptions] = {}
+    for aname, araw in arm_tables.items():
+        where_a = f"[arm.{aname}]"
+        if aname not in ARMS:
+            raise _fail(where_a, f"unknown arm; choose from {', '.join(ARMS)}")
+        if not isinstance(araw, dict) or set(araw) - {"thp", "agent_args"}:
+            raise _fail(where_a, "allowed keys: thp (never|madvise|always), agent_args (list)")
+        thp = araw.get("thp")
         if thp is not None and thp not in ("never", "madvise", "always"):
-            raise _fail(f"{where_p}.thp", f"must be never, madvise or always, got {thp!r}")
-        if thp is not None and pname in ("thp-never", "thp-always", "thp-madvise"):
-            raise _fail(f"{where_p}.thp", "the thp-* policies are defined by their THP mode")
-        agent_args = praw.get("agent_args", [])
+            raise _fail(f"{where_a}.thp", f"must be never, madvise or always, got {thp!r}")
+        if thp is not None and aname in ("thp-never", "thp-always", "thp-madvise"):
+            raise _fail(f"{where_a}.thp", "the thp-* arms are defined by their THP mode")
+        agent_args = araw.get("agent_args", [])
         if not isinstance(agent_args, list) or not all(isinstance(a, str) for a in agent_args):
-            raise _fail(f"{where_p}.agent_args", "must be a list of strings")
-        if agent_args and pname not in ("damon-hp", "damon-hp-compact"):
-            raise _fail(f"{where_p}.agent_args", "only the damon-hp policies take agent_args")
-        options[pname] = PolicyOptions(thp=thp, agent_args=tuple(agent_args))
+            raise _fail(f"{where_a}.agent_args", "must be a list of strings")
+        if agent_args and aname not in ("damon-hp", "damon-hp-compact"):
+            raise _fail(f"{where_a}.agent_args", "only the damon-hp arms take agent_args")
+        options[aname] = ArmOptions(thp=thp, agent_args=tuple(agent_args))
 
     warmup = exp.get("warmup", True)
     if not isinstance(warmup, bool):
@@ -341,15 +366,15 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
         description=description,
         where=where,
         repetitions=reps,
-        policies=policies,
+        arms=arms,
         memory=memory,
         workloads=workloads,
-        insufficient=Insufficient(float(frac), swap, swap_bytes, ins_policies),
+        insufficient=Insufficient(float(frac), swap, swap_bytes, ins_arms),
         sample_interval_s=float(interval),
         timeout_s=float(timeout),
         warmup=warmup,
         expected_duration=expected,
-        policy_options=options,
+        arm_options=options,
         source=source,
     )
 
@@ -371,14 +396,14 @@ def load(path: str | Path) -> Experiment:
     return parse(data, source=str(p))
 
 
-def applicable(workload: Workload, policy: str) -> str | None:
-    """None when `policy` can run `workload`, else the reason it cannot."""
-    if policy == "oracle" and workload.program not in GROUND_TRUTH_PROGRAMS:
+def applicable(workload: Workload, arm: str) -> str | None:
+    """None when `arm` can run `workload`, else the reason it cannot."""
+    if arm == "oracle" and workload.program not in GROUND_TRUTH_PROGRAMS:
         return (
             f"{workload.program} does not print its hot ranges; the oracle needs a "
             f"program that prints them ({', '.join(sorted(GROUND_TRUTH_PROGRAMS))})"
         )
-    if policy == "damon-hp-compact" and workload.program not in COMPACT_VARIANTS:
+    if arm == "damon-hp-compact" and workload.program not in COMPACT_VARIANTS:
         return f"{workload.program} has no -compact variant"
     return None
 
@@ -391,14 +416,14 @@ def _rotate(items: tuple[str, ...], k: int) -> tuple[str, ...]:
 
 
 def expand(exp: Experiment) -> tuple[list[Cell], list[Skipped]]:
-    """The cells in run order, and the policy/workload pairs left out (with reasons)."""
+    """The cells in run order, and the arm/workload pairs left out (with reasons)."""
     cells: list[Cell] = []
     skipped: dict[tuple[str, str], Skipped] = {}
     for rep in range(exp.repetitions):
         for w in exp.workloads:
-            policies = tuple(p for p in exp.policies if w.policies is None or p in w.policies)
+            arms = tuple(p for p in exp.arms if w.arms is None or p in w.arms)
             runnable = []
-            for p in policies:
+            for p in arms:
                 reason = applicable(w, p)
                 if reason:
                     skipped[(w.name, p)] = Skipped(w.name, p, reason)
@@ -411,8 +436,8 @@ def expand(exp: Experiment) -> tuple[list[Cell], list[Skipped]]:
                         continue
                     chosen = tuple(
                         p for p in runnable
-                        if mem == "sufficient" or exp.insufficient.policies is None
-                        or p in exp.insufficient.policies
+                        if mem == "sufficient" or exp.insufficient.arms is None
+                        or p in exp.insufficient.arms
                     )
                     for p in _rotate(chosen, rep):
                         cells.append(Cell(w, threads, p, mem, rep))

@@ -54,16 +54,16 @@ def _inputsets() -> ModuleType:
     return mod
 
 
-def program_for(workload: Workload, policy: str) -> str:
-    """The binary a policy runs: the -compact variant for damon-hp-compact."""
-    if policy == "damon-hp-compact":
+def program_for(workload: Workload, arm: str) -> str:
+    """The binary an arm runs: the -compact variant for damon-hp-compact."""
+    if arm == "damon-hp-compact":
         return COMPACT_VARIANTS[workload.program]
     return workload.program
 
 
-def resolve(workload: Workload, threads: int, policy: str, rundir: Path) -> Command:
+def resolve(workload: Workload, threads: int, arm: str, rundir: Path) -> Command:
     """The command for one run; `rundir` is its private working directory (created here)."""
-    program = program_for(workload, policy)
+    program = program_for(workload, arm)
     binary = BIN_DIR / program
     if not binary.exists():
         raise EnvironmentProblem(
@@ -102,7 +102,7 @@ def _json_lines(text: str) -> list[dict]:
 
 
 def ground_truth_env(program: str) -> dict[str, str]:
-    """Environment that makes a program print its hot ranges (set for every policy alike)."""
+    """Environment that makes a program print its hot ranges (set for every arm alike)."""
     return {"WATER_NSQUARED_JSON": "1"} if program == "water_nsquared" else {}
 
 

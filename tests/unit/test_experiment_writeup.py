@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from damon_hp.experiment import spec
 from damon_hp.experiment.analysis import analyse
-from damon_hp.experiment.report import ReportInput, render
 from damon_hp.experiment.results import OOM, RunResult
+from damon_hp.experiment.writeup import ReportInput, render
 
 MiB = 2**20
 
@@ -13,21 +13,21 @@ MiB = 2**20
 def exp():
     return spec.parse({
         "experiment": {"name": "r", "repetitions": 2,
-                       "policies": ["thp-never", "thp-always", "oracle"],
+                       "arms": ["thp-never", "thp-always", "oracle"],
                        "memory": ["sufficient", "insufficient"]},
         "workloads": [{"program": "hotcold", "args": []}],
     })
 
 
-def run(policy, rep, ns, memory="sufficient", status="ok", hwm=200 * MiB):
+def run(arm, rep, ns, memory="sufficient", status="ok", hwm=200 * MiB):
     samples = [{"t": 0.0, "rss": hwm, "anon_huge": 0, "hwm": hwm},
-               {"t": 1.0, "rss": hwm, "anon_huge": 64 * MiB if policy != "thp-never" else 0,
+               {"t": 1.0, "rss": hwm, "anon_huge": 64 * MiB if arm != "thp-never" else 0,
                 "hwm": hwm}]
     return RunResult(
-        cell_id=f"hotcold_t1_{policy}_{memory}_r{rep}", workload="hotcold", program="hotcold",
-        input=None, threads=1, policy=policy, memory=memory, rep=rep, status=status,
+        cell_id=f"hotcold_t1_{arm}_{memory}_r{rep}", workload="hotcold", program="hotcold",
+        input=None, threads=1, arm=arm, memory=memory, rep=rep, status=status,
         wall_s=2.0, ns_per_op=ns, peak_rss_bytes=hwm, samples=samples,
-        mechanism=f"how {policy} was applied",
+        mechanism=f"how {arm} was applied",
     )
 
 
@@ -48,7 +48,7 @@ def report(where="vm"):
     rs = runs()
     return render(ReportInput(
         experiment=e, environment={"where": where, "kernel": "6.12.95+deb12-amd64"},
-        analysis=analyse(rs, list(e.policies)), runs=rs, planned=len(cells),
+        analysis=analyse(rs, list(e.arms)), runs=rs, planned=len(cells),
         command="damon-hp experiment run x.toml", skipped=skipped,
     ))
 
@@ -59,7 +59,7 @@ def test_undefined_speedup_is_explained_once_under_the_table():
     assert "(1) thp-always was not faster than thp-never" in text
     assert text.count("thp-always was not faster than thp-never") == 1
     # with insufficient memory thp-never only OOMed: no baseline, said so in the cell
-    assert "missing runs of this policy, thp-never or thp-always" in text
+    assert "missing runs of this arm, thp-never or thp-always" in text
 
 
 def test_vm_report_says_timings_are_emulated():
@@ -78,12 +78,12 @@ def test_runs_that_were_not_ok_are_listed():
     assert "hotcold_t1_thp-never_insufficient_r0 | oom" in text
 
 
-def test_report_names_how_each_policy_was_applied():
+def test_report_names_how_each_arm_was_applied():
     assert "| oracle | collapse exactly" in report()
     assert "how oracle was applied" in report()
 
 
-def test_memory_pressure_section_compares_each_policy_with_itself():
+def test_memory_pressure_section_compares_each_arm_with_itself():
     text = report()
     # thp-always: 90 / median(60, 61) ns
     assert f"| hotcold | 1 | thp-always | {90 / 60.5:.2f} |" in text
@@ -106,14 +106,14 @@ def test_figures_are_written_and_readable(tmp_path):
 def test_time_to_hot_set_huge_says_how_many_runs_never_got_there():
     rs = runs()
     for r in rs:
-        if r.policy == "oracle" and r.memory == "sufficient":
+        if r.arm == "oracle" and r.memory == "sufficient":
             r.hot_huge_fraction_final = 1.0 if r.rep == 0 else 0.5
             r.time_to_hot_huge_s = 0.75 if r.rep == 0 else None
         elif r.memory == "sufficient":
             r.hot_huge_fraction_final = 0.0
     e = exp()
     text = render(ReportInput(experiment=e, environment={"where": "vm"},
-                              analysis=analyse(rs, list(e.policies)), runs=rs, planned=12,
+                              analysis=analyse(rs, list(e.arms)), runs=rs, planned=12,
                               command="x"))
     assert "| 0.75 s (1 of 2 runs; the others never) |" in text
     assert "| never (0 of 2 runs) |" in text

@@ -1,5 +1,6 @@
-"""report.md: what was run, where, the headline ratios, figures and the caveats, for a reader
-who never opens the code. Pure: everything comes in as arguments."""
+"""The experiment's write-up, report.md: what was run, where, the headline ratios, figures and
+the caveats, for a reader who never opens the code (an agent run's own summary is
+damon_hp/report.py). Pure: everything comes in as arguments."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from typing import Any
 from damon_hp.experiment.analysis import (
     METRICS,
     Analysis,
+    ArmSummary,
     GroupSummary,
-    PolicySummary,
     Ratio,
     Spread,
 )
 from damon_hp.experiment.results import OK, RunResult
-from damon_hp.experiment.spec import POLICIES, Experiment, Skipped, format_duration
+from damon_hp.experiment.spec import ARMS, Experiment, Skipped, format_duration
 
 
 @dataclass
@@ -80,7 +81,7 @@ def _runtime_unit(g: GroupSummary) -> str:
     return "ns/op" if g.runtime_basis == "ns per operation" else "s"
 
 
-def _runtime(s: PolicySummary, g: GroupSummary) -> str:
+def _runtime(s: ArmSummary, g: GroupSummary) -> str:
     sp = s.metrics.get("runtime_s")
     if sp is None or sp.median is None:
         return "n/a"
@@ -121,7 +122,7 @@ def _percent(sp: Spread | None) -> str:
     return text
 
 
-def _reached(s: PolicySummary) -> str:
+def _reached(s: ArmSummary) -> str:
     """Time to hot set huge, saying how many runs got there at all (a median over the runs that
     did would otherwise hide the ones that never did)."""
     t = s.metrics.get("time_to_hot_huge_s")
@@ -140,12 +141,12 @@ def headline_table(g: GroupSummary) -> list[str]:
     unit = _runtime_unit(g)
     notes = _Footnotes()
     lines = [
-        f"| policy | runs ok | runtime ({unit}) | runtime / never | speedup preserved | "
+        f"| arm | runs ok | runtime ({unit}) | runtime / never | speedup preserved | "
         "peak RSS | THP memory overhead removed | AnonHugePages mean | hot range huge at end | "
         "time to hot set huge |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for p, s in g.policies.items():
+    for p, s in g.arms.items():
         ok = f"{s.n_ok}" + (f" (+{s.n_not_ok} not ok)" if s.n_not_ok else "")
         lines.append(
             f"| {p} | {ok} | {_runtime(s, g)} | {fmt_ratio(s.vs_never.get('runtime_s'))} | "
@@ -162,10 +163,10 @@ def headline_table(g: GroupSummary) -> list[str]:
 
 
 def detail_table(g: GroupSummary) -> list[str]:
-    policies = list(g.policies)
-    lines = ["| metric | " + " | ".join(policies) + " |", "|---" * (len(policies) + 1) + "|"]
+    arms = list(g.arms)
+    lines = ["| metric | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|"]
     for key, label, unit in METRICS:
-        cells = [fmt_spread(g.policies[p].metrics.get(key), unit) for p in policies]
+        cells = [fmt_spread(g.arms[p].metrics.get(key), unit) for p in arms]
         if all(c == "n/a" for c in cells):
             if key.startswith(("dtlb", "itlb")):
                 cells = ["n/a (no PMU)"] * len(cells)
@@ -176,7 +177,7 @@ def detail_table(g: GroupSummary) -> list[str]:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     for key in ("minflt", "dtlb_load_misses"):
         label = dict((k, lab) for k, lab, _ in METRICS)[key]
-        cells = [fmt_ratio(g.policies[p].vs_never.get(key)) for p in policies]
+        cells = [fmt_ratio(g.arms[p].vs_never.get(key)) for p in arms]
         lines.append(f"| {label} / thp-never | " + " | ".join(cells) + " |")
     return lines
 
@@ -207,14 +208,14 @@ def caveats(inp: ReportInput) -> list[str]:
         out.append(
             "Timings come from an emulated CPU (QEMU TCG, no KVM), about 25x slower than the "
             "host and with a software TLB model: absolute times are not hardware times, and "
-            "TLB-miss costs are not those of real hardware. Ratios between policies run under "
+            "TLB-miss costs are not those of real hardware. Ratios between arms run under "
             "the same emulation are what to read, and even those understate or overstate what "
             "huge pages do on real hardware."
         )
     else:
         out.append(
-            "Host runs: THP policies are applied per process (prctl, madvise, process_madvise), "
-            "never through the global THP switch; policies that need the switch or a free DAMON "
+            "Host runs: THP arms are applied per process (prctl, madvise, process_madvise), "
+            "never through the global THP switch; arms that need the switch or a free DAMON "
             "did not run here."
         )
     if not any(r.dtlb_load_misses is not None for r in inp.runs):
@@ -245,7 +246,7 @@ def render(inp: ReportInput) -> str:
         f"Made by: `{inp.command}`",
         "",
         f"Runs: {len(inp.runs)} of {inp.planned} planned ({status}); "
-        f"{exp.repetitions} repetition(s), interleaved across policies"
+        f"{exp.repetitions} repetition(s), interleaved across arms"
         + (f"; took {format_duration(inp.elapsed_s)}" if inp.elapsed_s else "")
         + ".",
         "",
@@ -254,16 +255,16 @@ def render(inp: ReportInput) -> str:
     ]
     lines += [f"- {c}" for c in caveats(inp)]
     lines += ["", "## Environment", ""] + _environment(inp.environment)
-    lines += ["", "## Policies", "", "| policy | what it does | how it was applied here |",
+    lines += ["", "## Arms", "", "| arm | what it does | how it was applied here |",
               "|---|---|---|"]
     mechanisms: dict[str, str] = {}
     for r in inp.runs:
-        mechanisms.setdefault(r.policy, r.mechanism)
-    for p in exp.policies:
-        lines.append(f"| {p} | {POLICIES.get(p, '')} | {mechanisms.get(p, 'not run')} |")
+        mechanisms.setdefault(r.arm, r.mechanism)
+    for p in exp.arms:
+        lines.append(f"| {p} | {ARMS.get(p, '')} | {mechanisms.get(p, 'not run')} |")
     if inp.skipped:
         lines += ["", "Left out of the matrix:", ""]
-        lines += [f"- {s.policy} on {s.workload}: {s.reason}" for s in inp.skipped]
+        lines += [f"- {s.arm} on {s.workload}: {s.reason}" for s in inp.skipped]
 
     lines += [
         "",
@@ -304,10 +305,10 @@ def render(inp: ReportInput) -> str:
     if a.pressure:
         lines += ["## Memory pressure", "",
                   "Runtime with insufficient memory divided by runtime with sufficient memory "
-                  "(same policy, paired by repetition):", "",
-                  "| workload | threads | policy | slowdown |", "|---|---|---|---|"]
+                  "(same arm, paired by repetition):", "",
+                  "| workload | threads | arm | slowdown |", "|---|---|---|---|"]
         for e in a.pressure:
-            lines.append(f"| {e.workload} | {e.threads} | {e.policy} | {fmt_ratio(e.slowdown)} |")
+            lines.append(f"| {e.workload} | {e.threads} | {e.arm} | {fmt_ratio(e.slowdown)} |")
         lines.append("")
 
     lines += ["## Per workload", ""]

@@ -1,12 +1,12 @@
-"""How each policy is applied to one run, inside the VM and (for some) on the host.
+"""How each arm is applied to one run, inside the VM and (for some) on the host.
 
-Inside the test VM (DAMON_HP_IN_VM=1) the thp-* policies set the global THP mode. On the host the
+Inside the test VM (DAMON_HP_IN_VM=1) the thp-* arms set the global THP mode. On the host the
 global THP settings are never touched: thp-never becomes prctl(PR_SET_THP_DISABLE) on the
 workload, thp-madvise runs only when the host already is in madvise mode, thp-always becomes
-glibc's malloc tunable (malloc'd memory only), and the DAMON policies refuse (the host's DAMON is
-not ours to use). Each policy says how it was applied (`mechanism`); the report shows it.
+glibc's malloc tunable (malloc'd memory only), and the DAMON arms refuse (the host's DAMON is
+not ours to use). Each arm says how it was applied (`mechanism`); the report shows it.
 
-A policy's life in one run: `check` (before the experiment), `thp_mode` (set before the
+An arm's life in one run: `check` (before the experiment), `thp_mode` (set before the
 workload starts), `wrap` (the command to spawn), `attach` (the workload's pid is known and it is
 held before exec), `on_hot_ranges` (the benchmark printed its hot range), `finish` (the workload
 exited), `cleanup` (always, also on Ctrl-C).
@@ -28,7 +28,7 @@ from damon_hp import procfs
 from damon_hp.damon import kdamond
 from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
 from damon_hp.errors import DamonHpError, EnvironmentProblem
-from damon_hp.experiment.spec import PolicyOptions
+from damon_hp.experiment.spec import ArmOptions
 from damon_hp.ranges import AddrRange, huge_starts
 from damon_hp.vmguard import in_vm
 
@@ -55,7 +55,7 @@ def set_global_thp(mode: str) -> None:
         raise EnvironmentProblem(
             "refusing to change the global THP mode (/sys/kernel/mm/transparent_hugepage/"
             "enabled) outside the test VM (DAMON_HP_IN_VM is not 1); run the experiment with "
-            'where = "vm", or on the host only with its host policies'
+            'where = "vm", or on the host only with its host arms'
         )
     if procfs.thp_mode(str(THP_ENABLED)) != mode:
         THP_ENABLED.write_text(mode)
@@ -74,16 +74,16 @@ def _tool(name: str) -> str:
 
 @dataclass
 class RunState:
-    """What a policy learns during one run and hands back to the runner."""
+    """What an arm learns during one run and hands back to the runner."""
 
     rundir: Path
-    options: PolicyOptions
+    options: ArmOptions
     notes: list[str] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
     agent_pid: int | None = None
 
 
-class Policy:
+class Arm:
     name = ""
     needs_hold = False  # the workload waits before exec until `attach` has run
     wraps = False  # `wrap` puts a program (an agent) between the runner and the workload
@@ -91,13 +91,13 @@ class Policy:
     vm_thp = "never"  # global THP mode inside the VM
 
     def check(self, vm: bool) -> None:
-        """Raise EnvironmentProblem when this policy cannot run here."""
+        """Raise EnvironmentProblem when this arm cannot run here."""
 
-    def thp_mode(self, vm: bool, options: PolicyOptions) -> str | None:
+    def thp_mode(self, vm: bool, options: ArmOptions) -> str | None:
         """The global THP mode to set before the run (None: leave it)."""
         return (options.thp or self.vm_thp) if vm else None
 
-    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+    def mechanism(self, vm: bool, options: ArmOptions) -> str:
         return f"system THP mode {self.thp_mode(vm, options)} (VM)" if vm else "host"
 
     def launcher_flags(self, vm: bool) -> list[str]:
@@ -123,11 +123,11 @@ class Policy:
         pass
 
 
-class ThpNever(Policy):
+class ThpNever(Arm):
     name = "thp-never"
     vm_thp = "never"
 
-    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+    def mechanism(self, vm: bool, options: ArmOptions) -> str:
         if vm:
             return "system THP mode never (VM)"
         return "prctl(PR_SET_THP_DISABLE) on the workload (host; global THP untouched)"
@@ -136,7 +136,7 @@ class ThpNever(Policy):
         return [] if vm else ["--thp-disable"]
 
 
-class ThpAlways(Policy):
+class ThpAlways(Arm):
     name = "thp-always"
     vm_thp = "always"
 
@@ -147,7 +147,7 @@ class ThpAlways(Policy):
                 f"{procfs.thp_mode()}; run it in the VM (where = \"vm\")"
             )
 
-    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+    def mechanism(self, vm: bool, options: ArmOptions) -> str:
         if vm:
             return "system THP mode always (VM)"
         return ("GLIBC_TUNABLES=glibc.malloc.hugetlb=1: malloc'd memory madvised MADV_HUGEPAGE "
@@ -157,7 +157,7 @@ class ThpAlways(Policy):
         return {} if vm else {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 
-class ThpMadvise(Policy):
+class ThpMadvise(Arm):
     name = "thp-madvise"
     vm_thp = "madvise"
 
@@ -169,13 +169,13 @@ class ThpMadvise(Policy):
                 'the VM (where = "vm")'
             )
 
-    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+    def mechanism(self, vm: bool, options: ArmOptions) -> str:
         return ("system THP mode madvise (VM)" if vm
                 else "the host's own THP mode madvise (host; untouched)")
 
 
-def _check_damon_free(policy: str, host_ok: bool) -> None:
-    """In the VM DAMON is ours. On the host a policy that allows it runs only when DAMON could
+def _check_damon_free(arm: str, host_ok: bool) -> None:
+    """In the VM DAMON is ours. On the host an arm that allows it runs only when DAMON could
     start a vaddr kdamond now (what `damon-hp doctor` checks); read-only."""
     if in_vm():
         return
@@ -189,12 +189,12 @@ def _check_damon_free(policy: str, host_ok: bool) -> None:
         except EnvironmentProblem as e:
             reason = str(e)
     raise EnvironmentProblem(
-        f"{policy} needs a DAMON of its own, and not here: {reason}. Run the experiment in the "
+        f"{arm} needs a DAMON of its own, and not here: {reason}. Run the experiment in the "
         'test VM (where = "vm")'
     )
 
 
-class DamosEthp(Policy):
+class DamosEthp(Arm):
     name = "damos-ethp"
     needs_hold = True
     uses_damon = True
@@ -209,14 +209,14 @@ class DamosEthp(Policy):
         _check_damon_free(self.name, host_ok=False)
         _tool("damo")
 
-    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+    def mechanism(self, vm: bool, options: ArmOptions) -> str:
         return (f"damo start with the ethp schemes on the workload's pid (held before exec), "
                 f"system THP mode {self.thp_mode(vm, options)} (VM); its kdamond turned off "
                 "after the workload exits")
 
     def _damo(self, args: list[str]) -> tuple[int, str, float]:
-        """Run damo; its exit code, output and CPU time (damo is this policy's user-space half,
-        so its CPU time is the policy's agent time)."""
+        """Run damo; its exit code, output and CPU time (damo is this arm's user-space half,
+        so its CPU time is the arm's agent time)."""
         import resource
 
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -271,7 +271,7 @@ class DamosEthp(Policy):
             kdamond.clear_all_in_vm()
 
 
-class DamonHp(Policy):
+class DamonHp(Arm):
     name = "damon-hp"
     wraps = True
     uses_damon = True
@@ -281,7 +281,7 @@ class DamonHp(Policy):
         _check_damon_free(self.name, host_ok=True)
         _tool("damon-hp")
 
-    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+    def mechanism(self, vm: bool, options: ArmOptions) -> str:
         extra = f" {' '.join(options.agent_args)}" if options.agent_args else " (defaults)"
         if not vm:
             return f"damon-hp run{extra}, the host's own THP mode {procfs.thp_mode()} (untouched)"
@@ -369,7 +369,7 @@ ORACLE_ATTEMPTS = 12
 ORACLE_RETRY_S = 0.25
 
 
-class Oracle(Policy):
+class Oracle(Arm):
     """Collapse exactly the benchmark's printed hot range with process_madvise(MADV_COLLAPSE)."""
 
     name = "oracle"
@@ -379,7 +379,7 @@ class Oracle(Policy):
         self.thread: threading.Thread | None = None
         self.outcome = CollapseOutcome()
 
-    def mechanism(self, vm: bool, options: PolicyOptions) -> str:
+    def mechanism(self, vm: bool, options: ArmOptions) -> str:
         where = f"system THP mode {self.thp_mode(vm, options)} (VM)" if vm else \
             "host; global THP untouched"
         return f"process_madvise(MADV_COLLAPSE) of the printed hot range, {where}"
@@ -437,11 +437,11 @@ class Oracle(Policy):
         )
 
 
-POLICY_CLASSES: dict[str, type[Policy]] = {
+ARM_CLASSES: dict[str, type[Arm]] = {
     cls.name: cls
     for cls in (ThpNever, ThpAlways, ThpMadvise, DamosEthp, DamonHp, DamonHpCompact, Oracle)
 }
 
 
-def make(name: str) -> Policy:
-    return POLICY_CLASSES[name]()
+def make(name: str) -> Arm:
+    return ARM_CLASSES[name]()
