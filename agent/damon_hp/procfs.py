@@ -351,6 +351,72 @@ def _scan_huge_regions(fd: int, path: str, ranges: Iterable[AddrRange]) -> list[
             for found in pagemap_scan(fd, path, rng.start, rng.end, PAGE_IS_HUGE)]
 
 
+# /proc/PID/pagemap: one u64 per virtual page; bit 63 = present in RAM (readable without root).
+PAGEMAP_ENTRY_BYTES = 8
+PAGEMAP_PRESENT = 1 << 63
+_HUGE_BYTES = 2 << 20
+
+
+def _resident_pages(fd: int, path: str, starts: Iterable[int]) -> dict[int, int]:
+    """Resident (present) base pages of each 2 MiB range starting at `starts`.
+
+    Ranges are joined into runs of neighbours and each run is asked of PAGEMAP_SCAN once (a
+    dense run comes back as one stretch); without PAGEMAP_SCAN (before 6.7) the run's pagemap
+    entries are read and their present bits counted.
+    """
+    wanted = sorted(set(starts))
+    if any(start % _HUGE_BYTES for start in wanted):
+        raise ValueError("resident pages are counted per 2 MiB-aligned range")
+    counts = dict.fromkeys(wanted, 0)
+    runs: list[list[int]] = []
+    for start in wanted:
+        if runs and runs[-1][1] == start:
+            runs[-1][1] = start + _HUGE_BYTES
+        else:
+            runs.append([start, start + _HUGE_BYTES])
+    try:
+        for lo, hi in runs:
+            for found in pagemap_scan(fd, path, lo, hi, PAGE_IS_PRESENT):
+                addr = found.start
+                while addr < found.end:
+                    window = addr - addr % _HUGE_BYTES
+                    upto = min(found.end, window + _HUGE_BYTES)
+                    counts[window] += (upto - addr) // PAGE_SIZE
+                    addr = upto
+        return counts
+    except PagemapScanUnsupported:
+        pass
+    counts = dict.fromkeys(wanted, 0)
+    per_window = _HUGE_BYTES // PAGE_SIZE
+    for lo, hi in runs:
+        want = (hi - lo) // PAGE_SIZE * PAGEMAP_ENTRY_BYTES
+        try:
+            data = os.pread(fd, want, lo // PAGE_SIZE * PAGEMAP_ENTRY_BYTES)
+        except OSError as e:
+            if e.errno in (errno.ESRCH, errno.ENOENT):
+                raise ProcessGone(f"{path}: the process has exited") from e
+            raise
+        entries = memoryview(data[: len(data) // PAGEMAP_ENTRY_BYTES * PAGEMAP_ENTRY_BYTES])
+        entries = entries.cast("Q")
+        for i in range(0, len(entries), per_window):
+            counts[lo + i * PAGE_SIZE] = sum(
+                1 for e in entries[i:i + per_window] if e & PAGEMAP_PRESENT)
+    return counts
+
+
+def resident_pages_in(pid: int, starts: Iterable[int]) -> dict[int, int]:
+    """Resident base pages of each 2 MiB range of `pid` starting at `starts` (0..512 each)."""
+    path = f"/proc/{pid}/pagemap"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError) as e:
+        raise ProcessGone(f"{path}: the process has exited") from e
+    try:
+        return _resident_pages(fd, path, starts)
+    finally:
+        os.close(fd)
+
+
 def read_cmdline(pid: int) -> list[str]:
     """The process's argv ([] for a kernel thread)."""
     raw = _read(f"/proc/{pid}/cmdline")
@@ -427,6 +493,10 @@ class ProcessFiles:
 
     def huge_bytes_in(self, ranges: Iterable[AddrRange]) -> int:
         return _scan_huge(self._fd("pagemap"), f"/proc/{self.pid}/pagemap", ranges)
+
+    def resident_pages(self, starts: Iterable[int]) -> dict[int, int]:
+        """Resident base pages of each 2 MiB range starting at `starts` (0..512 each)."""
+        return _resident_pages(self._fd("pagemap"), f"/proc/{self.pid}/pagemap", starts)
 
     def huge_regions_in(self, ranges: Iterable[AddrRange]) -> list[AddrRange]:
         """The parts of `ranges` mapped by PMD huge pages."""
