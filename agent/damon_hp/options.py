@@ -117,6 +117,19 @@ def _non_negative_float(text: str) -> float:
     return v
 
 
+def _ptes_none(text: str) -> int:
+    top = policy.PAGES_PER_HUGE_PAGE - 1
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= top:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of base pages within 0..{top} (of a 2 MiB range's "
+            f"{policy.PAGES_PER_HUGE_PAGE})")
+    return v
+
+
 def add_options(parser: argparse.ArgumentParser) -> None:
     """Monitoring, policy and output options shared by `run` and `attach`."""
     d = policy.PolicyParams()
@@ -175,6 +188,20 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     pol.add_argument("--demote-after", type=_non_negative_float, default=d.demote_after_s,
                      metavar="S", help="seconds a promoted range must stay cold before it is "
                      f"marked MADV_NOHUGEPAGE (default {d.demote_after_s:g})")
+    pol.add_argument("--demote-blind-after", type=_non_negative_float,
+                     default=d.demote_blind_after_s, metavar="S",
+                     help="idle time alone never demotes a huge range (DAMON cannot see "
+                     "accesses that hit the TLB): --demote-after counts only the seconds it read "
+                     "idle while another huge range of the process read hot; a range is also "
+                     "demoted after reading idle this many seconds while any other memory of "
+                     f"the process read hot (default {d.demote_blind_after_s:g}); while nothing "
+                     "of the process reads hot, neither clock runs")
+    pol.add_argument("--max-ptes-none", type=_ptes_none, default=d.max_ptes_none,
+                     metavar="N", help="collapse a hot 2 MiB range only when at most N of its "
+                     "512 base pages are not resident, as khugepaged's max_ptes_none counts "
+                     f"(default {d.max_ptes_none}: at least half resident, so a collapse at most "
+                     "doubles a range's memory; 511 = MADV_COLLAPSE's own rule, one resident "
+                     "page is enough)")
     pol.add_argument("--max-huge", type=parse_budget, default=(None, None),
                      metavar="SIZE|PCT%",
                      help="budget of promoted memory: bytes (512M) or a share of RSS (25%%); "
@@ -212,6 +239,8 @@ def options_from_args(args: argparse.Namespace) -> AgentOptions:
             promote_after_snapshots=args.promote_after,
             promote_after_s=args.promote_after_s,
             demote_after_s=args.demote_after,
+            demote_blind_after_s=args.demote_blind_after,
+            max_ptes_none=args.max_ptes_none,
             max_huge_bytes=max_bytes,
             max_huge_rss_pct=max_pct,
             collapse_bytes_per_s=args.collapse_rate,

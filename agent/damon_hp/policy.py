@@ -22,15 +22,42 @@ The rule, in order:
    `promote_after_snapshots` hot snapshots spanning at least `promote_after_s` (a streak
    survives `promote_grace` non-hot snapshots in a row), so neither one noisy aggregation
    interval nor a sequential pass through the range triggers a collapse.
-4. **Ranking and limits.** Ready ranges are ranked by expected TLB benefit: the access frequency
+4. **Residency guard.** A ready range is collapsed (or re-marked, see 6) only when at most
+   `max_ptes_none` of its 512 base pages are absent, counted by the caller from the target's
+   page table (`resident_pages`, for the `collapse_candidates` only). MADV_COLLAPSE ignores
+   khugepaged's max_ptes_none: one resident page is enough and the collapse makes all 2 MiB
+   resident, so a hot but sparse range collapsed is memory bloat. Ranges held here keep their
+   streak and are looked at again every snapshot (`Decision.held_by_residency` counts them).
+5. **Ranking and limits.** Ready ranges are ranked by expected TLB benefit: the access frequency
    over the range times the size of the hot span it belongs to. They are admitted in that order
    while the budget (`max_huge_bytes`, `max_huge_rss_pct` of RSS) and the collapse rate limit
    (`collapse_bytes_per_s`, token bucket of `collapse_burst_s`) allow.
-5. **Hysteresis down.** A promoted range whose access frequency stayed below `hot_access_pct`
-   for `demote_after_s` seconds is demoted: marked MADV_NOHUGEPAGE so that nothing collapses it
-   again. A demoted range that turns hot again is first re-marked MADV_HUGEPAGE (clearing
+6. **Hysteresis down, on evidence.** A promoted range is demoted -- marked MADV_NOHUGEPAGE so
+   that nothing collapses it again -- only after DAMON has shown it idle (below
+   `hot_access_pct`) for long enough *while DAMON demonstrably saw the process's accesses*.
+   "No access seen" alone is no evidence for a huge page: DAMON clears accessed bits without a
+   TLB flush, and the CPU sets a page-table accessed bit only when it walks the page table, so
+   a hot set whose translations stay cached reads idle however busy it is (0 % for 17 s seen
+   in the test VM; long stretches on real arm64 machines, per the DAMON maintainers). A huge
+   page needs 512 times fewer TLB entries than the same memory on 4 KiB pages, so huge ranges
+   are what the blind spot hides first. Each snapshot in which the range reads idle counts the
+   time since the previous snapshot as
+     - *huge-witnessed* idle time, when another promoted range of the process read hot in the
+       same snapshot: DAMON saw this process's huge pages being walked, so the silence of this
+       one means something; demoted after `demote_after_s` of it;
+     - *base-witnessed* idle time, when only memory on 4 KiB pages read hot: the process runs
+       and DAMON samples it, but its huge translations may all be cached; demoted only after
+       `demote_blind_after_s` (much longer) of witnessed idle time of either kind;
+     - nothing, when no memory of the process read hot: DAMON saw nothing at all, which a
+       sleeping process and a blind spot both explain. A process that reads idle throughout
+       keeps its huge pages (demotion frees nothing anyway: MADV_NOHUGEPAGE splits no page).
+   A hot reading of the range clears both counts. What this cannot tell apart: a skewed hot set
+   larger than the TLB reach, whose hottest huge ranges stay cached (idle) while the lukewarm
+   ones miss (hot, witnesses); such ranges are demoted after `demote_after_s`, re-marked and
+   re-collapsed (cheap on a page that is still huge) when they next read hot.
+   A demoted range that turns hot again is first re-marked MADV_HUGEPAGE (clearing
    VM_NOHUGEPAGE, which MADV_COLLAPSE refuses) and promoted on a later snapshot.
-6. **Marks.** Under the system THP mode `madvise`, promoted ranges are also marked MADV_HUGEPAGE
+7. **Marks.** Under the system THP mode `madvise`, promoted ranges are also marked MADV_HUGEPAGE
    so that khugepaged keeps them huge and new faults there get huge pages.
 
 Failed collapses (see `record_outcomes`) are retried after an exponential back-off, so a range the
@@ -55,6 +82,8 @@ from damon_hp.ranges import (
 )
 
 MIB = 1 << 20
+BASE_PAGE_BYTES = 4096
+PAGES_PER_HUGE_PAGE = HUGE_PAGE_BYTES // BASE_PAGE_BYTES  # 512
 
 
 class RegionLike(Protocol):
@@ -116,9 +145,30 @@ class PolicyParams:
         restarts the count, and a busy buffer can wait many seconds for an unbroken streak.
         A sequential pass that has moved on stays cold and ends its streak.
     demote_after_s = 30.0
-        DAMON's ethp example demotes after 7 s idle; a promoted range has already paid for its
-        collapse, so we wait longer before giving it up, so that phases a few seconds apart
-        (a solver iteration, a checkpoint) do not flip ranges back and forth.
+        Seconds of *huge-witnessed* idleness (rule 6: idle while another huge range of the
+        process read hot) before a promoted range is demoted. DAMON's ethp example demotes
+        after 7 s idle; a promoted range has already paid for its collapse, so we wait longer
+        before giving it up, so that phases a few seconds apart (a solver iteration, a
+        checkpoint) do not flip ranges back and forth.
+    demote_blind_after_s = 300.0
+        Seconds of idleness witnessed only by memory on 4 KiB pages (or by both kinds) before a
+        promoted range is demoted. The process is seen running, but its huge translations may
+        all sit in the TLB, so this evidence is weak: ten times `demote_after_s`, about 18 times
+        the longest blind stretch we have measured (17 s, test VM). A choice, not a measurement:
+        no longer window is known to be safe, and a range wrongly demoted after it is re-marked
+        and re-collapsed when it next reads hot.
+    max_ptes_none = 256
+        Base pages (of the 512 of a 2 MiB range) that may be absent for a range to be collapsed,
+        as khugepaged's knob of the same name counts them; with 256, at least half the range
+        must be resident. khugepaged's default, 511 (one resident page is enough), suits
+        THP `always`, where a fault would have made the whole huge page anyway; MADV_COLLAPSE
+        ignores the knob altogether. damon-hp's point is huge pages without THP-always's bloat,
+        so it is stricter: a collapse at most doubles a range's resident memory (at most 1 MiB
+        of zeroes per 2 MiB), while memory used at random -- resident in full after its first
+        touch, the case huge pages pay for -- passes. A hot range that is mostly absent has its
+        accesses on a few pages: a few TLB entries to gain against over 1 MiB of zeroes. 511
+        turns the guard off (MADV_COLLAPSE's own rule); 0 asks for fully resident ranges.
+        Absent means not in RAM (never touched, or swapped out: a collapse would swap it in).
     max_huge_bytes = None, max_huge_rss_pct = None
         No budget by default: the hot threshold is the selector. Set either (or both: the smaller
         wins) to cap the huge-page memory this agent creates.
@@ -139,6 +189,8 @@ class PolicyParams:
     promote_after_s: float = 2.0
     promote_grace: int = 1
     demote_after_s: float = 30.0
+    demote_blind_after_s: float = 300.0
+    max_ptes_none: int = 256
     max_huge_bytes: int | None = None
     max_huge_rss_pct: float | None = None
     collapse_bytes_per_s: int = 256 * MIB
@@ -152,9 +204,14 @@ class PolicyParams:
                              f"{self.mapping_share_pct}")
         if not 0.0 <= self.hot_access_pct <= 100.0:
             raise ValueError(f"hot_access_pct must be within 0..100, got {self.hot_access_pct}")
-        if min(self.min_hot_age_s, self.demote_after_s, self.promote_after_s) < 0:
-            raise ValueError("min_hot_age_s, promote_after_s and demote_after_s must not be "
-                             "negative")
+        if min(self.min_hot_age_s, self.demote_after_s, self.promote_after_s,
+               self.demote_blind_after_s) < 0:
+            raise ValueError("min_hot_age_s, promote_after_s, demote_after_s and "
+                             "demote_blind_after_s must not be negative")
+        if not 0 <= self.max_ptes_none < PAGES_PER_HUGE_PAGE:
+            raise ValueError(f"max_ptes_none must be within 0..{PAGES_PER_HUGE_PAGE - 1} (base "
+                             f"pages of a 2 MiB range that may be absent), got "
+                             f"{self.max_ptes_none}")
         if self.promote_after_snapshots < 1 or self.promote_grace < 0:
             raise ValueError("promote_after_snapshots must be at least 1, promote_grace >= 0")
         if self.max_huge_bytes is not None and self.max_huge_bytes < 0:
@@ -180,6 +237,10 @@ class PolicyState:
     """snapshots in a row each streaking range has not been hot (up to promote_grace)"""
     promoted: Mapping[int, float] = field(default_factory=dict)
     """promoted range -> last snapshot time (s) it was accessed at or above the hot threshold"""
+    idle_witnessed_s: Mapping[int, float] = field(default_factory=dict)
+    """promoted range -> seconds it read idle while other memory of the process read hot"""
+    idle_huge_witnessed_s: Mapping[int, float] = field(default_factory=dict)
+    """promoted range -> of those, seconds while another promoted range read hot"""
     demoted: frozenset[int] = frozenset()
     """ranges marked MADV_NOHUGEPAGE after going cold"""
     remarked: Mapping[int, float] = field(default_factory=dict)
@@ -219,6 +280,8 @@ class Decision:
     """ready ranges not promoted because of the budget"""
     held_by_rate: int = 0
     """ready ranges not promoted because of the collapse rate limit"""
+    held_by_residency: int = 0
+    """ready ranges not promoted (or not re-marked) because too few of their pages are resident"""
     budget_bytes: int | None = None
 
 
@@ -308,28 +371,21 @@ def _budget_bytes(params: PolicyParams, rss_bytes: int | None) -> int | None:
     return min(limits) if limits else None
 
 
-def decide(
-    snapshot: SnapshotLike,
-    state: PolicyState,
-    params: PolicyParams,
-    *,
-    rss_bytes: int | None = None,
-    mappings: Sequence[AddrRange] | None = None,
-    thp_mode: str = "never",
-) -> tuple[Decision, PolicyState]:
-    """Decide what to promote and demote after `snapshot`; return the decision and next state.
+@dataclass(frozen=True)
+class _HotSet:
+    """Rules 1 and 2 applied to one snapshot."""
 
-    rss_bytes: the target's resident set (for `max_huge_rss_pct`); None = unknown, that limit off.
-    mappings: the target's mappings where a huge page is possible (private anonymous memory);
-        None = unknown, every aligned range of a hot span is a candidate.
-    thp_mode: the system's THP `enabled` mode (`always`, `madvise`, `never`).
-    The promotions in the decision are plans: report their outcome with `record_outcomes`.
-    """
-    now = snapshot.taken_at_s
-    if not snapshot.regions:
-        # DAMON sometimes hands back an empty tried_regions (seen on 6.12 right after the
-        # schemes were committed): that is no measurement, not a process gone cold.
-        return _no_decision(now, state, thp_mode, rss_bytes, params), state
+    regions: list[AddrRange]
+    """the hot regions"""
+    ranges: list[int]
+    """2 MiB ranges fully covered by hot spans (inside one mapping when mappings are known)"""
+    span_of: dict[int, int]
+    """range -> bytes of the hot span it belongs to"""
+
+
+def _hot_set(
+    snapshot: SnapshotLike, params: PolicyParams, mappings: Sequence[AddrRange] | None
+) -> _HotSet:
     regions_hot = hot_regions(snapshot, params)
     if mappings is None:
         spans = merge_adjacent(regions_hot)
@@ -347,15 +403,76 @@ def decide(
             hot_set.append(start)
             span_of[start] = span.size
     hot_set.sort()
+    return _HotSet(regions_hot, hot_set, span_of)
+
+
+def _streak_long_enough(count: int, since: float, now: float, params: PolicyParams) -> bool:
+    return count >= params.promote_after_snapshots and now - since >= params.promote_after_s
+
+
+def collapse_candidates(
+    snapshot: SnapshotLike,
+    state: PolicyState,
+    params: PolicyParams,
+    *,
+    mappings: Sequence[AddrRange] | None = None,
+) -> tuple[int, ...]:
+    """The ranges `decide` may collapse or re-mark after `snapshot`, in address order: hot in
+    it, not promoted, with a streak long enough counting it. Same arguments as `decide`.
+
+    The caller counts their resident pages for `decide(resident_pages=...)` (rule 4); every
+    other range needs no page-table read.
+    """
+    if not snapshot.regions:
+        return ()
+    now = snapshot.taken_at_s
+    return tuple(
+        start for start in _hot_set(snapshot, params, mappings).ranges
+        if start not in state.promoted
+        and _streak_long_enough(state.hot_streak.get(start, 0) + 1,
+                                state.hot_since.get(start, now), now, params)
+    )
+
+
+def decide(
+    snapshot: SnapshotLike,
+    state: PolicyState,
+    params: PolicyParams,
+    *,
+    rss_bytes: int | None = None,
+    mappings: Sequence[AddrRange] | None = None,
+    thp_mode: str = "never",
+    resident_pages: Mapping[int, int] | None = None,
+) -> tuple[Decision, PolicyState]:
+    """Decide what to promote and demote after `snapshot`; return the decision and next state.
+
+    rss_bytes: the target's resident set (for `max_huge_rss_pct`); None = unknown, that limit off.
+    mappings: the target's mappings where a huge page is possible (private anonymous memory);
+        None = unknown, every aligned range of a hot span is a candidate.
+    thp_mode: the system's THP `enabled` mode (`always`, `madvise`, `never`).
+    resident_pages: range start -> base pages of it resident now (0..512), for the ranges
+        `collapse_candidates` names (rule 4); a candidate missing from it counts as having none.
+        None = unknown, the residency guard off (replays of recordings that hold no page table).
+    The promotions in the decision are plans: report their outcome with `record_outcomes`.
+    """
+    now = snapshot.taken_at_s
+    if not snapshot.regions:
+        # DAMON sometimes hands back an empty tried_regions (seen on 6.12 right after the
+        # schemes were committed): that is no measurement, not a process gone cold.
+        return _no_decision(now, state, thp_mode, rss_bytes, params), state
+    hot = _hot_set(snapshot, params, mappings)
+    regions_hot, hot_set, span_of = hot.regions, hot.ranges, hot.span_of
     hot_lookup = set(hot_set)
     heat = _range_heat(snapshot, list(hot_lookup) + list(state.promoted))
 
     # Forget ranges whose memory is gone: nothing to keep huge or mark there.
     promoted = dict(state.promoted)
+    idle_witnessed = dict(state.idle_witnessed_s)
+    idle_huge_witnessed = dict(state.idle_huge_witnessed_s)
     demoted = set(state.demoted)
     remarked = dict(state.remarked)
     if mappings is not None:
-        for table in (promoted, remarked):
+        for table in (promoted, remarked, idle_witnessed, idle_huge_witnessed):
             for start in [s for s in table if not inside_any(s, mappings)]:
                 del table[start]
         demoted = {s for s in demoted if inside_any(s, mappings)}
@@ -376,24 +493,56 @@ def decide(
             streak[start], since[start], missed[start] = count, state.hot_since[start], gap
 
     def hot_long_enough(start: int) -> bool:
-        return (start in hot_lookup
-                and streak[start] >= params.promote_after_snapshots
-                and now - since[start] >= params.promote_after_s)
+        return start in hot_lookup and _streak_long_enough(streak[start], since[start], now,
+                                                           params)
 
-    # Hysteresis down: promoted ranges below the threshold for demote_after_s.
+    # Hysteresis down, on evidence (rule 6): idle time counts only while DAMON saw accesses
+    # elsewhere in the process -- on another huge range (huge-witnessed), or anywhere.
+    def reads_hot(start: int) -> bool:
+        h = heat.get(start)
+        return h is not None and h.max_pct >= params.hot_access_pct
+
+    huge_witness = any(reads_hot(s) for s in promoted)
+    # An idle range overlaps no hot region (its heat is the max over the regions overlapping
+    # it), so any hot region is a witness from elsewhere in the process.
+    any_witness = bool(regions_hot)
     demote: list[int] = []
     for start, last_hot in list(promoted.items()):
-        h = heat.get(start)
-        if h is not None and h.max_pct >= params.hot_access_pct:
+        if reads_hot(start):
             promoted[start] = now
-        elif now - last_hot >= params.demote_after_s:
+            idle_witnessed.pop(start, None)
+            idle_huge_witnessed.pop(start, None)
+            continue
+        if not any_witness:
+            continue  # DAMON saw nothing of the process: no evidence either way
+        # This snapshot stands for the time since the previous one (or since the collapse).
+        previous = state.last_taken_at_s if state.last_taken_at_s is not None else now
+        seen_s = max(0.0, now - max(previous, last_hot))
+        idle_witnessed[start] = idle_witnessed.get(start, 0.0) + seen_s
+        if huge_witness:
+            idle_huge_witnessed[start] = idle_huge_witnessed.get(start, 0.0) + seen_s
+        if (idle_huge_witnessed.get(start, 0.0) >= params.demote_after_s
+                or idle_witnessed[start] >= params.demote_blind_after_s):
             del promoted[start]
+            idle_witnessed.pop(start, None)
+            idle_huge_witnessed.pop(start, None)
             demoted.add(start)
             demote.append(start)
 
-    # A demoted range that is hot again must lose VM_NOHUGEPAGE before it can be collapsed.
+    # Residency guard (rule 4): at most max_ptes_none of the range's base pages absent.
+    def dense_enough(start: int) -> bool:
+        if resident_pages is None:
+            return True
+        return resident_pages.get(start, 0) >= PAGES_PER_HUGE_PAGE - params.max_ptes_none
+
+    held_by_residency = 0
+    # A demoted range that is hot again must lose VM_NOHUGEPAGE before it can be collapsed
+    # (and, under THP `madvise`, a MADV_HUGEPAGE mark lets khugepaged fill a sparse range too).
     for start in streak:
         if start in demoted and hot_long_enough(start):
+            if not dense_enough(start):
+                held_by_residency += 1
+                continue
             demoted.discard(start)
             remarked[start] = now
 
@@ -422,7 +571,9 @@ def decide(
     promote: list[int] = []
     held_by_budget = held_by_rate = 0
     for start in ready:
-        if budget is not None and held_bytes + HUGE_PAGE_BYTES > budget:
+        if not dense_enough(start):
+            held_by_residency += 1
+        elif budget is not None and held_bytes + HUGE_PAGE_BYTES > budget:
             held_by_budget += 1
         elif credit < HUGE_PAGE_BYTES:
             held_by_rate += 1
@@ -437,6 +588,8 @@ def decide(
         hot_since=since,
         hot_missed=missed,
         promoted=promoted,
+        idle_witnessed_s=idle_witnessed,
+        idle_huge_witnessed_s=idle_huge_witnessed,
         demoted=frozenset(demoted),
         remarked=remarked,
         # Back-off only matters while a range stays hot; one that cools and heats again
@@ -457,6 +610,7 @@ def decide(
         nohugepage_marks=coalesce(demoted),
         held_by_budget=held_by_budget,
         held_by_rate=held_by_rate,
+        held_by_residency=held_by_residency,
         budget_bytes=budget,
     )
     return decision, next_state

@@ -298,10 +298,19 @@ def phases() -> tuple[Recording, list[AddrRange]]:
     return rec, regions
 
 
+# In this recording (made on 4 KiB pages) a region goes cold while the next phase's region is
+# hot, and that region is promoted only a snapshot before the phases end: the idle region's
+# witness (policy rule 6) is memory on 4 KiB pages, whose window is demote_blind_after_s. The
+# demotion tests below set it to the same short window as demote_after_s; the witness rule itself
+# is tested in test_policy_demotion.py.
+
+
 def test_promoted_ranges_that_go_cold_are_demoted_after_demote_after_s() -> None:
     rec, regions = phases()
     demote_after = 3.0
-    r = replay(rec.snapshots, PolicyParams(demote_after_s=demote_after), mappings=spans(*regions))
+    r = replay(rec.snapshots,
+               PolicyParams(demote_after_s=demote_after, demote_blind_after_s=demote_after),
+               mappings=spans(*regions))
     demoted_at: dict[int, float] = {s: d.taken_at_s for d in r.decisions for s in d.demote}
     assert demoted_at, "a phase change should make promoted ranges go cold"
     for start, t in demoted_at.items():
@@ -325,7 +334,8 @@ def test_one_cold_snapshot_does_not_demote() -> None:
     rec, regions = phases()
     snaps = [x for x in rec.snapshots if x.regions]
     wait = 1.01 * max(b.taken_at_s - a.taken_at_s for a, b in zip(snaps, snaps[1:], strict=False))
-    r = replay(snaps, PolicyParams(demote_after_s=wait), mappings=spans(*regions))
+    r = replay(snaps, PolicyParams(demote_after_s=wait, demote_blind_after_s=wait),
+               mappings=spans(*regions))
     demotions = [(i, s) for i, d in enumerate(r.decisions) for s in d.demote]
     assert demotions
     for i, start in demotions:
@@ -336,8 +346,9 @@ def test_one_cold_snapshot_does_not_demote() -> None:
 
 def test_under_madvise_the_promoted_set_is_marked_hugepage_and_demoted_set_nohugepage() -> None:
     rec, regions = phases()
-    r = replay(rec.snapshots, PolicyParams(demote_after_s=3.0), mappings=spans(*regions),
-               thp_mode="madvise")
+    r = replay(rec.snapshots, PolicyParams(demote_after_s=3.0, demote_blind_after_s=3.0),
+               mappings=spans(*regions), thp_mode="madvise")
+    assert r.final.demoted, "the recording should demote something under these windows"
     for d, st in zip(r.decisions, r.states, strict=True):
         marked = {s for m in d.hugepage_marks for s in range(m.start, m.end, H)}
         assert set(st.promoted) <= marked

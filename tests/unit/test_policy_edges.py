@@ -124,20 +124,23 @@ def test_refused_collapse_is_retried_only_after_its_backoff() -> None:
 
 def test_demoted_range_that_turns_hot_is_remarked_before_it_is_collapsed_again() -> None:
     p = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0, demote_after_s=1.0)
-    d, st = decide(snap(0.0, (0, H, 20)), PolicyState(), p)
-    st = record_outcomes(st, {BASE: None}, p, now_s=0.0)
-    d, st = decide(snap(0.5, (0, H, 0)), st, p)
+    # A second huge range stays busy throughout: the witness that DAMON sees this process's
+    # huge pages while the first one reads idle (policy rule 6; alone, idleness proves nothing).
+    busy = (2 * H, 3 * H, 20)
+    d, st = decide(snap(0.0, (0, H, 20), busy), PolicyState(), p)
+    st = record_outcomes(st, {s: None for s in d.promote}, p, now_s=0.0)
+    d, st = decide(snap(0.5, (0, H, 0), busy), st, p)
     assert d.demote == ()
-    d, st = decide(snap(1.5, (0, H, 0)), st, p)
+    d, st = decide(snap(1.5, (0, H, 0), busy), st, p)
     assert d.demote == (BASE,) and d.nohugepage_marks == (AddrRange(BASE, BASE + H),)
     # Hot again: first the MADV_HUGEPAGE mark (clears VM_NOHUGEPAGE), no collapse yet.
-    d, st = decide(snap(2.0, (0, H, 20)), st, p)
+    d, st = decide(snap(2.0, (0, H, 20), busy), st, p)
     assert d.promote == ()
     assert d.hugepage_marks == (AddrRange(BASE, BASE + H),) and d.nohugepage_marks == ()
-    d, st = decide(snap(2.1, (0, H, 20)), st, p)
+    d, st = decide(snap(2.1, (0, H, 20), busy), st, p)
     assert d.promote == (BASE,)
     st = record_outcomes(st, {BASE: None}, p, now_s=2.1)
-    d, st = decide(snap(2.2, (0, H, 20)), st, p)
+    d, st = decide(snap(2.2, (0, H, 20), busy), st, p)
     assert d.hugepage_marks == () and BASE in st.promoted
 
 
