@@ -67,6 +67,7 @@ class TimelineEntry:
     demoted: int = 0
     held_by_budget: int = 0
     held_by_rate: int = 0
+    held_by_residency: int = 0  # ready ranges too sparse to collapse (policy rule 4)
     schemes_changed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,6 +81,7 @@ class TimelineEntry:
             "demote": d.pop("demoted"),
             "held_by_budget": d.pop("held_by_budget"),
             "held_by_rate": d.pop("held_by_rate"),
+            "held_by_residency": d.pop("held_by_residency"),
             "schemes_changed": d.pop("schemes_changed"),
         }
         return d
@@ -339,8 +341,18 @@ def format_progress(r: RunReport) -> str:
 
 
 def write_json(r: RunReport, path: str | os.PathLike[str]) -> None:
-    """Write the report atomically, so a reader never sees half a file."""
+    """Write the report atomically, so a reader never sees half a file; a path that is not a
+    regular file (/dev/stdout, a FIFO, /dev/full) is written in place, never replaced."""
     p = Path(path)
+    text = json.dumps(r.to_dict(), indent=1) + "\n"
+    if p.exists() and not p.is_file():
+        with open(p, "w") as f:
+            f.write(text)
+        return
     tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(r.to_dict(), indent=1) + "\n")
-    os.replace(tmp, p)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
