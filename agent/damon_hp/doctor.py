@@ -228,10 +228,20 @@ def read_tracefs() -> dict[str, Any]:
     except OSError:
         pass
     base = Path(mount) if mount else None
+
+    readable = bool(base) and os.access(base, os.R_OK | os.X_OK)
+
+    def is_dir(rel: str) -> bool:
+        try:  # tracefs is mode 0700: a non-root doctor gets EACCES
+            return bool(base and (base / rel).is_dir())
+        except OSError:
+            return False
+
     return {
         "mount": mount,
-        "damon_aggregated": bool(base and (base / "events/damon/damon_aggregated").is_dir()),
-        "huge_memory": bool(base and (base / "events/huge_memory").is_dir()),
+        "readable": readable,
+        "damon_aggregated": is_dir("events/damon/damon_aggregated"),
+        "huge_memory": is_dir("events/huge_memory"),
     }
 
 
@@ -482,6 +492,9 @@ def check_tracefs(t: dict[str, Any]) -> Check:
     if not t.get("mount"):
         return Check("tracefs", LIMITED, "not mounted: no DAMON or huge_memory tracepoints",
                      "mount -t tracefs nodev /sys/kernel/tracing")
+    if t.get("readable") is False:
+        return Check("tracefs", LIMITED, f"mounted at {t['mount']}, but not readable by this "
+                     "user: cannot tell which tracepoints it has", "run damon-hp as root (sudo)")
     missing = [n for n in ("damon_aggregated", "huge_memory") if not t.get(n)]
     if missing:
         return Check("tracefs", LIMITED, f"mounted at {t['mount']}, but no "
