@@ -131,9 +131,24 @@ def run_in_vm(exp: spec.Experiment, out: Path, vm_memory: str) -> Outcome:
                                                     and result.exit_code == 130), 0.0, errors)
 
 
+def _check_programs(exp: spec.Experiment) -> None:
+    from damon_hp.experiment import workloads
+
+    cells, _ = spec.expand(exp)
+    missing = workloads.check_built({workloads.program_for(c.workload, c.arm) for c in cells})
+    if missing:
+        known = sorted(p.name for p in workloads.BIN_DIR.iterdir()) \
+            if workloads.BIN_DIR.is_dir() else []
+        raise EnvironmentProblem(
+            f"experiment file {exp.source}: no program {', '.join(missing)} in "
+            f"{workloads.BIN_DIR} (built: {', '.join(known) or 'none'}); fix the name, or run "
+            "`make workloads` if it is one of the project's workloads/src")
+
+
 def run(exp_path: Path, out: Path | None, where: str | None, command: str,
         previous: list[Path], vm_memory: str) -> tuple[spec.Experiment, Path, Outcome]:
     exp = spec.load(exp_path)
+    _check_programs(exp)  # before the output directory or a VM exists
     out = out or default_out(exp)
     exp = prepare_out(exp_path, out, command)
     where = where or exp.where
