@@ -51,7 +51,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         mod.set_argparser(p)
-        p.set_defaults(_main=mod.main)
+        p.set_defaults(_main=mod.main, _parser=p)
     return parser
 
 
@@ -59,9 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in args_in if not a.startswith("-")), None)
     parser = build_parser(chosen if chosen in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand's parser, with its usage (exits 2)
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_main", None):
         parser.print_help(sys.stderr)
+        print(f"\ndamon-hp: no command given; choose one of {', '.join(COMMANDS)}",
+              file=sys.stderr)
         return 2
     try:
         return int(args._main(args) or 0)

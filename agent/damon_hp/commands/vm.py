@@ -23,16 +23,48 @@ died (the console tail is printed), 124 on --timeout, 2 when setup is missing.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from damon_hp import testvm
 from damon_hp.errors import DamonHpError
 
+# QEMU's -m: a whole number of MiB, or with a K, M, G or T suffix.
+_MEM = re.compile(r"^[1-9][0-9]*[KMGT]?$", re.IGNORECASE)
+
+
+def _memory(text: str) -> str:
+    if not _MEM.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a memory size: use a whole number with K, M, G or T (6G, 512M)")
+    return text
+
+
+def _cpus(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of vCPUs (a whole number >= 1)")
+    return n
+
+
+def _timeout(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds >= 0 (0 = no timeout)")
+    return v
+
 
 def _add_vm_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mem", default=testvm.DEFAULT_MEMORY, metavar="SIZE",
+    p.add_argument("--mem", type=_memory, default=testvm.DEFAULT_MEMORY, metavar="SIZE",
                    help="guest memory, QEMU syntax (default %(default)s; TCG allocates lazily)")
-    p.add_argument("--cpus", type=int, default=testvm.DEFAULT_CPUS, metavar="N",
+    p.add_argument("--cpus", type=_cpus, default=testvm.DEFAULT_CPUS, metavar="N",
                    help="guest vCPUs (default %(default)s)")
 
 
@@ -44,7 +76,7 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
         "are streamed here and its exit code is returned.",
     )
     _add_vm_options(run)
-    run.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
+    run.add_argument("--timeout", type=_timeout, default=3600.0, metavar="SECONDS",
                      help="kill the VM after this long (default %(default)s; 0 = never)")
     run.add_argument("--console", action="store_true",
                      help="also stream the VM's serial console (kernel log) to stderr")
