@@ -3,7 +3,11 @@
 The process is pinned with a pidfd first, so a PID that exits and is reused while damon-hp runs
 is never touched. Ctrl-C, SIGTERM or SIGHUP stop the agent (the process keeps running) and
 leave no kdamond behind; the summary goes to stderr, --json FILE writes it with a timeline.
-Target CPU time and faults in the summary count from attach on.
+Target CPU time and faults in the summary count from attach on. Refused (exit 2): PID 1, a
+kernel thread, a thread id that is not a process, an exited process, damon-hp itself, a process
+another live agent manages. Exit 1 when monitoring is lost mid-run (someone stops our kdamond
+or changes our tracefs instance; the process runs on unmanaged) or a --json/--record file
+could not be written.
 
 examples:
   damon-hp attach 1234
@@ -21,6 +25,8 @@ from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.options import AgentOptions
 from damon_hp.signals import StopSignals
 
+PF_KTHREAD = 0x00200000  # include/linux/sched.h
+
 
 def _pid(text: str) -> int:
     try:
@@ -37,11 +43,37 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=_pid, metavar="PID", help="the process to manage")
 
 
+def _thread_group(pid: int) -> int | None:
+    """The process (tgid) that thread `pid` belongs to, or None if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _open_target(pid: int) -> actuate.Target:
     if pid == os.getpid():
         raise EnvironmentProblem("damon-hp attach: refusing to manage damon-hp itself")
+    if pid == 1:
+        raise EnvironmentProblem(
+            "damon-hp attach: refusing PID 1 (init): the process every other one depends on "
+            "is not a target; attach to the program whose memory you want on huge pages")
+    tgid = _thread_group(pid)
+    if tgid is not None and tgid != pid:
+        raise EnvironmentProblem(
+            f"damon-hp attach: {pid} is a thread of process {tgid}, not a process; memory "
+            f"belongs to the process: damon-hp attach {tgid}")
     target = actuate.Target.open(pid)
     try:
+        st = procfs.read_stat(pid)
+        if st.flags & PF_KTHREAD:
+            raise EnvironmentProblem(
+                f"damon-hp attach: {pid} ({st.comm}) is a kernel thread: it has no user memory "
+                "to manage; attach to a user process")
         if not procfs.read_maps(pid):
             raise EnvironmentProblem(
                 f"damon-hp attach: process {pid} has no user memory (a kernel thread?); "
@@ -66,6 +98,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         opts = options.options_from_args(args)
         lifecycle.require_root("attach")
+        lifecycle.check_outputs("attach", {"--json": opts.json_path,
+                                           "--record": opts.record_path})
         target = _open_target(args.pid)
     except DamonHpError as e:
         print(e, file=sys.stderr)
@@ -88,9 +122,12 @@ def _attach(target: actuate.Target, opts: AgentOptions) -> int:
     finally:
         target.close()
         stop.restore()
-    if outcome.started:
-        lifecycle.emit_report(outcome.agent, opts)
+    written = lifecycle.emit_report(outcome.agent, opts) if outcome.started else True
     if outcome.failure is not None:
         print(lifecycle.failure_message("attach", outcome.failure), file=sys.stderr)
         return getattr(outcome.failure, "exit_code", 1) if not outcome.started else 1
-    return 0
+    if rep.stopped_by in lifecycle.LOST_MONITORING:
+        print(lifecycle.lost_monitoring_message("attach", rep.stopped_by, target.pid),
+              file=sys.stderr)
+        return 1
+    return 0 if written else 1

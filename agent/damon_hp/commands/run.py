@@ -3,8 +3,11 @@
 The command is forked and held before exec while damon-hp pins it with a pidfd and starts its
 own kdamond on it, then released: DAMON watches it from its first instruction, so early
 allocations are seen. damon-hp exits with the command's exit code (128+N if signal N killed
-it); Ctrl-C, SIGTERM or SIGHUP stop the agent and the command, and leave no kdamond behind.
-The summary goes to stderr (stdout is the command's); --json FILE writes it with a timeline.
+it), or 1 if the command exited 0 but a --json/--record file could not be written; Ctrl-C,
+SIGTERM or SIGHUP stop the agent and the command, and leave no kdamond behind. If monitoring
+is lost mid-run (someone stops our kdamond or changes our tracefs instance) the command runs on
+unmanaged. A process another live agent manages is refused. The summary goes to stderr
+(stdout is the command's); --json FILE writes it with a timeline.
 
 examples:
   damon-hp run -- workloads/bin/hotcold --hot 256M --cold 1G --seconds 60
@@ -163,6 +166,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         opts = options.options_from_args(args)
         lifecycle.require_root("run")
+        lifecycle.check_outputs("run", {"--json": opts.json_path, "--record": opts.record_path})
         if shutil.which(argv[0]) is None:
             raise EnvironmentProblem(
                 f"damon-hp run: command not found or not executable: {argv[0]!r}"
@@ -187,9 +191,9 @@ def _run(argv: list[str], opts: AgentOptions) -> int:
         child.release()
         released = True
 
-    def wait_unmanaged() -> str | None:
-        print("damon-hp run: the kdamond stopped on its own; the command keeps running "
-              "without huge-page management", file=sys.stderr)
+    def wait_unmanaged(reason: str) -> str | None:
+        print(lifecycle.lost_monitoring_message("run", reason, child.pid), file=sys.stderr,
+              flush=True)
         while stop.signum is None and not child.poll():
             time.sleep(0.2)
         return stop.name if stop.signum is not None else None
@@ -225,9 +229,10 @@ def _run(argv: list[str], opts: AgentOptions) -> int:
         rep.target_cpu_s = ru.ru_utime + ru.ru_stime  # type: ignore[attr-defined]
         rep.minflt = ru.ru_minflt  # type: ignore[attr-defined]
         rep.majflt = ru.ru_majflt  # type: ignore[attr-defined]
-    if outcome is not None:
-        lifecycle.emit_report(outcome.agent, opts)
+    written = lifecycle.emit_report(outcome.agent, opts) if outcome is not None else True
     if failure is not None:
         print(lifecycle.failure_message("run", failure), file=sys.stderr)
+        return 1
+    if not written and rep.exit_code == 0:
         return 1
     return rep.exit_code

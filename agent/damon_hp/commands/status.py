@@ -18,6 +18,7 @@ import sys
 import time
 
 from damon_hp import status_records
+from damon_hp.errors import DamonHpError
 from damon_hp.report import fmt_bytes
 
 
@@ -36,9 +37,19 @@ def _since(wall: float | None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    records = status_records.read_statuses()
+    try:
+        found = status_records.read_statuses(include_invalid=True)
+    except DamonHpError as e:
+        print(f"damon-hp status: {str(e).removeprefix('damon-hp: ')}", file=sys.stderr)
+        return e.exit_code
+    records = [r for r in found if "invalid" not in r]
+    invalid = [r for r in found if "invalid" in r]
+    for r in invalid:
+        print(f"damon-hp status: ignored {r['path']}: {r['invalid']} (the next damon-hp run or "
+              "attach removes it)", file=sys.stderr)
     if args.json:
-        print(json.dumps({"agents": records}, indent=1))
+        print(json.dumps({"agents": records,
+                          "invalid_records": [r["path"] for r in invalid]}, indent=1))
         return 0
     if not records:
         print("damon-hp: no damon-hp agents are running")
@@ -47,6 +58,8 @@ def main(args: argparse.Namespace) -> int:
         cmd = " ".join(r.get("command") or []) or "?"
         state = "running" if r["alive"] else "STALE (agent gone; its kdamond is stopped at "\
             "the next damon-hp start)"
+        if r.get("starting") and r["alive"]:
+            state = "starting"
         print(f"agent pid {r.get('agent_pid')} [{state}], {r.get('mode')} "
               f"target pid {r.get('target_pid')}: {cmd}")
         print(f"  since     {_since(r.get('since'))}")
