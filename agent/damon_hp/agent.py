@@ -253,10 +253,15 @@ class Agent:
             self._next_thp = now + THP_MODE_EVERY_S
         rep.thp_mode = self.thp_mode
         mappings = [m.range for m in maps if m.anonymous_private]
+        # The residency guard's input: resident pages of the ranges the policy may collapse
+        # (one PAGEMAP_SCAN per run of neighbours; none when nothing is ready).
+        candidates = policy.collapse_candidates(snap, self.state, self.params, mappings=mappings)
+        resident = self.files.resident_pages(candidates) if candidates else {}
 
         decision, self.state = policy.decide(
             snap, self.state, self.params,
             rss_bytes=status.vm_rss, mappings=mappings, thp_mode=self.thp_mode,
+            resident_pages=resident,
         )
         applied = self.actuator.apply(decision, snap.taken_at_s)
         self.state = policy.record_outcomes(self.state, applied.outcomes, self.params,
@@ -273,6 +278,7 @@ class Agent:
             demoted=len(decision.demote),
             held_by_budget=decision.held_by_budget,
             held_by_rate=decision.held_by_rate,
+            held_by_residency=decision.held_by_residency,
             planned=len(decision.promote),
         )
         rep.record_applied(applied, time.monotonic() - self.started_at, entry)
