@@ -25,6 +25,7 @@ from typing import Any
 
 from damon_hp import actuate, policy, procfs, report, status_records
 from damon_hp.damon import KdamondStopped, ownership
+from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import IntervalsGoal, Recording, Snapshot
 from damon_hp.damon.sources import AccessSource, MonitorSettings, open_source
 from damon_hp.errors import DamonHpError
@@ -206,7 +207,8 @@ class Agent:
     def loop(self, keep_going: Callable[[], bool] = lambda: True) -> str:
         """Run until the target exits, a stop signal arrives or `keep_going()` is False.
 
-        Returns why it stopped: "target exit", a signal name, or "kdamond stopped".
+        Returns why it stopped: "target exit", a signal name, "kdamond stopped", or "event
+        stream lost" (someone changed our tracefs instance: said on stderr, not retried).
         """
         assert self.source is not None
         while True:
@@ -218,6 +220,9 @@ class Agent:
                 snap = self.source.snapshot()
             except KdamondStopped:
                 return "target exit" if self.target.exited(0.5) else "kdamond stopped"
+            except EventStreamLost as e:
+                self._warn(str(e).removeprefix("damon-hp: "))
+                return "event stream lost"
             except DamonHpError as e:
                 if self.target.exited(0.1):
                     return "target exit"
