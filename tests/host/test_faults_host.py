@@ -1,4 +1,6 @@
 """The fault matrix, host tier: faults injected into real damon-hp runs on this host.
+(Named _host: tests/vm/test_faults.py has the vm tier's, and `make test` collects both tiers
+in one session, where two test modules may not share a basename.)
 
 Here damon-hp runs through the passive source (the foreign paddr kdamond's events, read from a
 private tracefs instance); nothing is ever written under /sys/kernel/mm/damon. Each case
