@@ -84,7 +84,7 @@ args = ["--hot", "16M", "--cold", "32M", "--seconds", "1.5"]
     assert THP.read_text() == thp_before
 
 
-def test_damon_arms_refuse_to_run_on_the_host(tmp_path):
+def test_the_damos_arm_refuses_to_run_on_the_host(tmp_path):
     exp = _experiment(tmp_path, """
 [[workloads]]
 program = "hotcold"
@@ -144,3 +144,34 @@ args = ["--hot", "4M", "--cold", "12M", "--seconds", "600"]
     listing = _run([str(exp), "--out", str(out), "--dry-run"]).stdout
     assert "done  short_t1_thp-never_sufficient_r0" in listing
     assert "todo  long_t1_thp-never_sufficient_r0" in listing
+
+
+def test_damon_hp_and_thp_always_run_on_the_host_without_changing_anything_global(tmp_path):
+    """damon-hp runs with the source that works here (passive beside the foreign kdamond) and
+    the workload's own CPU time is counted; thp-always (the LD_PRELOAD shim) backs memory the
+    program mmaps itself with huge pages; THP settings and DAMON sysfs stay as they were."""
+    damon_state = sorted((p, p.read_text()) for p in
+                         Path("/sys/kernel/mm/damon/admin/kdamonds").glob("*/state"))
+    thp_before = THP.read_text()
+    exp = _experiment(tmp_path, """
+[[workloads]]
+program = "hotcold"
+args = ["--hot", "32M", "--cold", "32M", "--seconds", "3"]
+""", arms_='"thp-never", "thp-always", "damon-hp"')
+    out = tmp_path / "out"
+    proc = _run([str(exp), "--out", str(out), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    runs = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    assert {a: r["status"] for a, r in runs.items()} == dict.fromkeys(runs, "ok")
+    always, hp = runs["thp-always"], runs["damon-hp"]
+    assert always["mechanism"].startswith("LD_PRELOAD=libthp-always.so")
+    assert always["anon_huge_peak_bytes"] >= 60 << 20  # both mmap'd 32 MiB regions
+    assert "damon-hp run" in hp["mechanism"] and "source " in hp["mechanism"]
+    assert hp["accounting"] == "agent's reaped child"
+    assert hp["user_s"] > 1.0  # 3 s of reads, on a loaded host at least one CPU-second
+    assert hp["agent_cpu_s"] is not None
+    for r in runs.values():
+        assert r["ops"] > 0 and r["steal_frac"] is not None
+    assert THP.read_text() == thp_before
+    assert sorted((p, p.read_text()) for p in
+                  Path("/sys/kernel/mm/damon/admin/kdamonds").glob("*/state")) == damon_state

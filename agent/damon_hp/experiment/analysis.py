@@ -9,7 +9,9 @@ Conventions (the report repeats them for readers):
   shared the machine's state.
 * Runtime is the time for a fixed amount of work: wall time, or ns per operation for benchmarks
   that run for a fixed time (hotcold).
-* speedup preserved = (T_never - T_p) / (T_never - T_always)
+* speedup preserved = (T_never - T_p) / (T_never - T_always), from runtime; the same ratio from
+  the workload's CPU time per operation (fixed-time benchmarks) is given beside it: on a shared
+  host a workload that waits for a CPU loses wall time but not CPU time
   THP memory overhead removed = (M_always - M_p) / (M_always - M_never)
   Both are undefined, with the reason stated, when the denominator is not clearly positive:
   when thp-always was not faster (or did not use more memory) than thp-never, or when the gap is
@@ -37,6 +39,8 @@ METRICS: list[tuple[str, str, str]] = [
     ("runtime_s", "runtime", "s"),
     ("wall_s", "wall time", "s"),
     ("cpu_s", "user+sys CPU", "s"),
+    ("cpu_ns_per_op", "CPU time per operation", "ns"),
+    ("steal_frac", "steal (share of machine CPU time)", "%"),
     ("minflt", "minor faults", ""),
     ("majflt", "major faults", ""),
     ("peak_rss_bytes", "peak RSS", "B"),
@@ -50,6 +54,7 @@ METRICS: list[tuple[str, str, str]] = [
     ("dtlb_store_misses", "dTLB store misses", ""),
     ("itlb_load_misses", "iTLB load misses", ""),
     ("agent_cpu_s", "agent CPU", "s"),
+    ("agent_cpu_frac", "agent CPU (share of one core)", "%"),
     ("kdamond_cpu_s", "kdamond CPU", "s"),
     ("time_to_hot_huge_s", "time to hot set huge", "s"),
     ("hot_huge_fraction_final", "hot set huge at end", ""),
@@ -65,6 +70,7 @@ NORMALISED = [
     "dtlb_store_misses",
     "itlb_load_misses",
     "cpu_s",
+    "cpu_ns_per_op",
     "peak_rss_bytes",
 ]
 TLB_METRICS = ("dtlb_load_misses", "dtlb_store_misses", "itlb_load_misses")
@@ -111,6 +117,7 @@ class ArmSummary:
     metrics: dict[str, Spread] = field(default_factory=dict)
     vs_never: dict[str, Ratio] = field(default_factory=dict)
     speedup_preserved: Ratio | None = None
+    speedup_preserved_cpu: Ratio | None = None  # from CPU time per operation
     overhead_removed: Ratio | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,6 +129,9 @@ class ArmSummary:
             "vs_never": {k: v.to_dict() for k, v in self.vs_never.items()},
             "speedup_preserved": self.speedup_preserved.to_dict()
             if self.speedup_preserved
+            else None,
+            "speedup_preserved_cpu": self.speedup_preserved_cpu.to_dict()
+            if self.speedup_preserved_cpu
             else None,
             "overhead_removed": self.overhead_removed.to_dict() if self.overhead_removed else None,
         }
@@ -210,6 +220,8 @@ def _fmt(x: float, unit: str) -> str:
         return f"{x / 2**20:.1f} MiB"
     if unit == "s":
         return f"{x * 1e9:.4g} ns" if abs(x) < 1e-3 else f"{x:.4g} s"
+    if unit == "ns":
+        return f"{x:.4g} ns"
     return f"{x:.4g}"
 
 
@@ -288,14 +300,14 @@ def gap_ratio(
     )
 
 
-def speedup_preserved(p: Pairs, never: Pairs, always: Pairs) -> Ratio:
+def speedup_preserved(p: Pairs, never: Pairs, always: Pairs, unit: str = "s") -> Ratio:
     """(T_never - T_p) / (T_never - T_always); lists of (rep, runtime)."""
     return gap_ratio(
         p, never, always,
         numerator=lambda n, a, x: n - x,
         denominator=lambda n, a: n - a,
         undefined_if_not_positive="thp-always was not faster than thp-never",
-        unit="s",
+        unit=unit,
     )  # fmt: skip
 
 
@@ -344,6 +356,10 @@ def _summarise_group(
         s.speedup_preserved = speedup_preserved(
             _pairs(rs, "runtime_s"), _pairs(never, "runtime_s"), _pairs(always, "runtime_s")
         )
+        if _values(rs, "cpu_ns_per_op"):
+            s.speedup_preserved_cpu = speedup_preserved(
+                _pairs(rs, "cpu_ns_per_op"), _pairs(never, "cpu_ns_per_op"),
+                _pairs(always, "cpu_ns_per_op"), unit="ns")
         s.overhead_removed = overhead_removed(
             _pairs(rs, MEMORY_METRIC), _pairs(never, MEMORY_METRIC), _pairs(always, MEMORY_METRIC)
         )

@@ -3,8 +3,12 @@
 Inside the test VM (DAMON_HP_IN_VM=1) the thp-* arms set the global THP mode. On the host the
 global THP settings are never touched: thp-never becomes prctl(PR_SET_THP_DISABLE) on the
 workload, thp-madvise runs only when the host already is in madvise mode, thp-always becomes
-glibc's malloc tunable (malloc'd memory only), and the DAMON arms refuse (the host's DAMON is
-not ours to use). Each arm says how it was applied (`mechanism`); the report shows it.
+the LD_PRELOAD shim workloads/bin/libthp-always.so (every private anonymous mmap of the program
+madvised MADV_HUGEPAGE) plus glibc's malloc tunable (malloc's own heap and arenas), damon-hp
+runs with whatever access source works here (on a host whose DAMON is taken by a foreign paddr
+kdamond: passive, reading that kdamond's events, writing nothing to DAMON), and damos-ethp
+refuses (it needs a DAMON of its own). Each arm says how it was applied (`mechanism`); the
+report shows it.
 
 An arm's life in one run: `check` (before the experiment), `thp_mode` (set before the
 workload starts), `wrap` (the command to spawn), `attach` (the workload's pid is known and it is
@@ -34,6 +38,9 @@ from damon_hp.vmguard import in_vm
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 VENV_BIN = Path(sys.executable).parent
+# The host's per-process THP always (workloads/preload/thp-always.c, built by make workloads).
+THP_ALWAYS_SHIM = Path(__file__).resolve().parents[3] / "workloads" / "bin" / "libthp-always.so"
+MALLOC_HUGETLB = "glibc.malloc.hugetlb=1"
 
 # DAMON's example "ethp" scheme (DAMON evaluation documents): MADV_HUGEPAGE on regions of any
 # size with >= 5% access frequency; MADV_NOHUGEPAGE on regions >= 2 MiB not accessed for >= 7 s.
@@ -141,20 +148,39 @@ class ThpAlways(Arm):
     vm_thp = "always"
 
     def check(self, vm: bool) -> None:
-        if not vm and procfs.thp_mode() not in ("madvise", "always"):
+        if vm:
+            return
+        if procfs.thp_mode() not in ("madvise", "always"):
             raise EnvironmentProblem(
                 f"thp-always on the host needs THP mode madvise or always, the host has "
                 f"{procfs.thp_mode()}; run it in the VM (where = \"vm\")"
+            )
+        if not THP_ALWAYS_SHIM.exists():
+            raise EnvironmentProblem(
+                f"thp-always on the host needs {THP_ALWAYS_SHIM} (the per-process THP-always "
+                "LD_PRELOAD shim); run `make -C workloads`"
             )
 
     def mechanism(self, vm: bool, options: ArmOptions) -> str:
         if vm:
             return "system THP mode always (VM)"
-        return ("GLIBC_TUNABLES=glibc.malloc.hugetlb=1: malloc'd memory madvised MADV_HUGEPAGE "
-                "(host; memory the program mmaps itself is not covered)")
+        return (f"LD_PRELOAD={THP_ALWAYS_SHIM.name} (every private anonymous mmap >= 2 MiB "
+                f"madvised MADV_HUGEPAGE) + GLIBC_TUNABLES={MALLOC_HUGETLB} (malloc's heap and "
+                "arenas) under the host's THP mode madvise (host; global THP untouched)")
 
     def env(self, vm: bool) -> dict[str, str]:
-        return {} if vm else {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+        return {} if vm else thp_always_env()
+
+
+def thp_always_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that makes one process (and its children) THP-always on a host in THP
+    mode madvise: the shim first in LD_PRELOAD, the malloc tunable added to GLIBC_TUNABLES."""
+    import os
+
+    base = os.environ if base is None else base
+    preload = " ".join(x for x in (str(THP_ALWAYS_SHIM), base.get("LD_PRELOAD", "")) if x)
+    tunables = ":".join(x for x in (base.get("GLIBC_TUNABLES", ""), MALLOC_HUGETLB) if x)
+    return {"LD_PRELOAD": preload, "GLIBC_TUNABLES": tunables}
 
 
 class ThpMadvise(Arm):
@@ -174,24 +200,29 @@ class ThpMadvise(Arm):
                 else "the host's own THP mode madvise (host; untouched)")
 
 
-def _check_damon_free(arm: str, host_ok: bool) -> None:
-    """In the VM DAMON is ours. On the host an arm that allows it runs only when DAMON could
-    start a vaddr kdamond now (what `damon-hp doctor` checks); read-only."""
+def _check_damon_free(arm: str) -> None:
+    """In the VM DAMON is ours. On the host an arm that drives DAMON itself refuses."""
     if in_vm():
         return
-    reason = "it runs only in the test VM"
-    if host_ok:
-        from damon_hp import damon
-
-        try:
-            damon.plan_start(damon.probe())
-            return
-        except EnvironmentProblem as e:
-            reason = str(e)
     raise EnvironmentProblem(
-        f"{arm} needs a DAMON of its own, and not here: {reason}. Run the experiment in the "
-        'test VM (where = "vm")'
+        f"{arm} needs a DAMON of its own, and not here: it runs only in the test VM. Run the "
+        'experiment in the test VM (where = "vm")'
     )
+
+
+def host_access_source() -> str:
+    """The access source `damon-hp run --source auto` would take here (what `damon-hp doctor`
+    says), or EnvironmentProblem with every source's reason. Read-only: nothing is written to
+    DAMON or tracefs."""
+    from damon_hp import damon, doctor
+
+    status = damon.probe()
+    checks = doctor.check_sources(status, doctor.read_tracefs(), {})
+    verdict = checks[-1]
+    if verdict.status != doctor.OK:
+        lines = "; ".join(f"{c.name}: {c.detail}" for c in checks[:-1])
+        raise EnvironmentProblem(f"no DAMON access source works here ({lines})")
+    return verdict.detail.removeprefix("--source auto takes ")
 
 
 class DamosEthp(Arm):
@@ -206,7 +237,7 @@ class DamosEthp(Arm):
 
     def check(self, vm: bool) -> None:
         # VM only: `damo` leaves its configuration in sysfs, which only the VM may clean up.
-        _check_damon_free(self.name, host_ok=False)
+        _check_damon_free(self.name)
         _tool("damo")
 
     def mechanism(self, vm: bool, options: ArmOptions) -> str:
@@ -278,13 +309,23 @@ class DamonHp(Arm):
     vm_thp = "madvise"
 
     def check(self, vm: bool) -> None:
-        _check_damon_free(self.name, host_ok=True)
+        if not vm:
+            try:
+                host_access_source()
+            except EnvironmentProblem as e:
+                raise EnvironmentProblem(f"{self.name} cannot run on this host: {e}. Run the "
+                                         'experiment in the test VM (where = "vm")') from None
         _tool("damon-hp")
 
     def mechanism(self, vm: bool, options: ArmOptions) -> str:
         extra = f" {' '.join(options.agent_args)}" if options.agent_args else " (defaults)"
         if not vm:
-            return f"damon-hp run{extra}, the host's own THP mode {procfs.thp_mode()} (untouched)"
+            try:
+                source = f"source {host_access_source()}"
+            except EnvironmentProblem:
+                source = "no access source"
+            return (f"damon-hp run{extra}, {source}, the host's own THP mode "
+                    f"{procfs.thp_mode()} (untouched)")
         return f"damon-hp run{extra}, system THP mode {self.thp_mode(vm, options)} (VM)"
 
     def wrap(self, argv: list[str], state: RunState) -> list[str]:

@@ -52,6 +52,9 @@ class RunResult:
     sys_s: float | None = None
     # the workload's own figure of merit when it runs for a fixed time (ns per operation)
     ns_per_op: float | None = None
+    ops: int | None = None  # operations it reported (fixed-time benchmarks)
+    # hypervisor steal during the run, as a share of all CPU time of the machine (/proc/stat)
+    steal_frac: float | None = None
     # faults
     minflt: int | None = None
     majflt: int | None = None
@@ -103,6 +106,23 @@ class RunResult:
         if self.user_s is None or self.sys_s is None:
             return None
         return self.user_s + self.sys_s
+
+    @property
+    def cpu_ns_per_op(self) -> float | None:
+        """The workload's user+sys CPU time per reported operation (set-up included): on a
+        shared, noisy host steadier than wall time per operation."""
+        cpu = self.cpu_s
+        if cpu is None or not self.ops:
+            return None
+        return cpu * 1e9 / self.ops
+
+    @property
+    def agent_cpu_frac(self) -> float | None:
+        """The arm's own CPU time (agent, damo, collapse thread) as a share of one core over the
+        workload's wall time."""
+        if self.agent_cpu_s is None or not self.wall_s:
+            return None
+        return self.agent_cpu_s / self.wall_s
 
 
 SCALAR_FIELDS = [f.name for f in fields(RunResult) if f.name not in ("notes", "samples")]

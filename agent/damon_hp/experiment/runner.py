@@ -324,6 +324,59 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
 
 
+def cpu_times() -> list[int] | None:
+    """The machine-wide `cpu` line of /proc/stat (ticks: user nice system idle iowait irq
+    softirq steal ...), or None."""
+    try:
+        with open("/proc/stat") as f:
+            first = f.readline().split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    return [int(x) for x in first[1:]]
+
+
+def steal_fraction(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Share of all CPU time in [before, after] that the hypervisor stole (steal / total)."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    # guest and guest_nice (fields 9, 10) are already counted in user and nice
+    total = sum(after[:8]) - sum(before[:8])
+    if total <= 0:
+        return None
+    return max(0.0, (after[7] - before[7]) / total)
+
+
+@dataclass(frozen=True)
+class ChildUsage:
+    user_s: float
+    sys_s: float
+    minflt: int
+    majflt: int
+
+
+def reaped_child_usage(agent_pid: int, timeout_s: float = 5.0) -> ChildUsage | None:
+    """The workload's own CPU time and faults, read from its parent's /proc/PID/stat (cutime,
+    cstime, cminflt, cmajflt) once the agent has reaped it: on the host there is no cgroup to
+    count the workload alone, and the agent's wait4 rusage adds the agent's own. None when the
+    agent is gone (reaped) before it could be read."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            text = Path(f"/proc/{agent_pid}/stat").read_text()
+        except OSError:
+            return None
+        f = text[text.rindex(")") + 2 :].split()
+        cminflt, cmajflt, cutime, cstime = int(f[8]), int(f[10]), int(f[13]), int(f[14])
+        if cminflt or cutime or cstime:
+            tick = os.sysconf("SC_CLK_TCK")
+            return ChildUsage(cutime / tick, cstime / tick, cminflt, cmajflt)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
+
+
 def _usage_delta(mark: dict[str, Any], a: str, b: str) -> dict[str, float]:
     x, y = mark.get(a) or {}, mark.get(b) or {}
     return {k: float(y.get(k, 0)) - float(x.get(k, 0)) for k in ("utime", "stime", "minflt",
@@ -442,8 +495,11 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
             stack.callback(session.__exit__, None, None, None)
         sampler = Sampler(pid, t0, agent_pid=proc.pid if wrapped else None,
                           foreign_kdamonds=foreign)
+        cpu_before = cpu_times()
         timed_out = _watch(ctx, cell, arm, state, sampler, rundir / "stdout.txt")
         t_end = time.monotonic()
+        result.steal_frac = steal_fraction(cpu_before, cpu_times())
+        child_usage = reaped_child_usage(proc.pid) if wrapped and cg is None else None
 
         reaped = _wait4(proc, AGENT_EXIT_TIMEOUT_S if wrapped else 10.0)
         if reaped is None:
@@ -484,8 +540,16 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
         result.sys_s = max(0.0, ru.ru_stime - pre["stime"])
         result.minflt = max(0, ru.ru_minflt - int(pre["minflt"]))
         result.majflt = max(0, ru.ru_majflt - int(pre["majflt"]))
+    elif child_usage is not None:
+        result.accounting = "agent's reaped child"
+        result.user_s, result.sys_s = child_usage.user_s, child_usage.sys_s
+        result.minflt, result.majflt = child_usage.minflt, child_usage.majflt
+    elif wrapped and stats is None:
+        state.notes.append("the workload's CPU time could not be read: the agent exited before "
+                           "its counters of the reaped workload were read")
     stdout_text = (rundir / "stdout.txt").read_text(errors="replace")
     result.ns_per_op = workloads.figure_of_merit(stdout_text)
+    result.ops = workloads.operations(stdout_text)
     if timed_out:
         result.status = TIMEOUT
     elif result.oom_kills:

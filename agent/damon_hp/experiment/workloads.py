@@ -130,6 +130,18 @@ def hot_ranges(text: str) -> list[AddrRange] | None:
     return None
 
 
+def operations(stdout_text: str) -> int | None:
+    """Operations a fixed-time benchmark reports doing (hotcold/sparse/phases `ops`, gups
+    `updates`), else None."""
+    for obj in reversed(_json_lines(stdout_text)):
+        for key in ("ops", "updates"):
+            v = obj.get(key)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0 and (
+                    "seconds" in obj):
+                return v
+    return None
+
+
 def figure_of_merit(stdout_text: str) -> float | None:
     """ns per operation reported by a fixed-time benchmark (hotcold, phases, gups), else None."""
     for obj in reversed(_json_lines(stdout_text)):

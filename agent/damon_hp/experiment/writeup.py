@@ -49,6 +49,10 @@ def fmt_value(x: float | None, unit: str) -> str:
         return fmt_bytes(x)
     if unit == "s":
         return f"{x:.3g} s" if x >= 0.001 or x == 0 else f"{x * 1e9:.3g} ns"
+    if unit == "ns":
+        return f"{x:.3g} ns"
+    if unit == "%":
+        return f"{x * 100:.2g}%"
     if float(x).is_integer() or abs(x) >= 1000:
         return f"{x:.0f}"
     return f"{x:.3g}"
@@ -142,20 +146,26 @@ def headline_table(g: GroupSummary) -> list[str]:
     notes = _Footnotes()
     lines = [
         f"| arm | runs ok | runtime ({unit}) | runtime / never | speedup preserved | "
+        "CPU time per op | speedup preserved (CPU/op) | "
         "peak RSS | THP memory overhead removed | AnonHugePages mean | hot range huge at end | "
-        "time to hot set huge |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "time to hot set huge | agent CPU (% of a core) | steal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p, s in g.arms.items():
         ok = f"{s.n_ok}" + (f" (+{s.n_not_ok} not ok)" if s.n_not_ok else "")
+        cpu_op = s.metrics.get("cpu_ns_per_op")
         lines.append(
             f"| {p} | {ok} | {_runtime(s, g)} | {fmt_ratio(s.vs_never.get('runtime_s'))} | "
             f"{notes.cell(s.speedup_preserved, percent=True)} | "
+            f"{fmt_spread(cpu_op, 'ns')} | "
+            f"{notes.cell(s.speedup_preserved_cpu, percent=True) if s.speedup_preserved_cpu else 'n/a'} | "  # noqa: E501
             f"{fmt_spread(s.metrics.get('peak_rss_bytes'), 'B')} | "
             f"{notes.cell(s.overhead_removed, percent=True)} | "
             f"{fmt_spread(s.metrics.get('anon_huge_mean_bytes'), 'B')} | "
             f"{_percent(s.metrics.get('hot_huge_fraction_final'))} | "
-            f"{_reached(s)} |"
+            f"{_reached(s)} | "
+            f"{fmt_spread(s.metrics.get('agent_cpu_frac'), '%')} | "
+            f"{fmt_spread(s.metrics.get('steal_frac'), '%')} |"
         )
     if notes.reasons:
         lines += [""] + [f"{line}  " for line in notes.lines()]
@@ -278,6 +288,12 @@ def render(inp: ReportInput) -> str:
         "start-up), or ns per operation for benchmarks that run for a fixed time (hotcold).",
         "- speedup preserved = (T_never − T_p) / (T_never − T_always): 100% = as fast as "
         "thp-always, 0% = no faster than thp-never.",
+        "- CPU time per op = the workload's user+sys CPU time (set-up included) / the operations "
+        "it reports; speedup preserved (CPU/op) is the same ratio from it. On a shared host a "
+        "workload that waits for a CPU loses wall time, not CPU time, so this one is steadier "
+        "there. agent CPU (% of a core) = the arm's own CPU time / the workload's wall time. "
+        "steal = the hypervisor's steal as a share of the machine's CPU time during the run "
+        "(/proc/stat).",
         "- THP memory overhead removed = (M_always − M_p) / (M_always − M_never), M = peak RSS: "
         "100% = uses no more than thp-never, 0% = as much as thp-always.",
         "- Both ratios are *undefined* (and say why) when thp-always was not faster, or did not "
