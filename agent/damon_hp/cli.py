@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "list running damon-hp agents, their targets and what they did"),
     "trace": ("trace", "count huge-page, fault, compaction and TLB events with BPF (hpstat)"),
     "vm": ("vm", "boot the pinned test kernel with virtme-ng and run a command inside"),
+    "daemon": ("daemon", "manage every process the config's rules select, under one budget"),
     "experiment": ("experiment", "run an experiment matrix (arms x workloads) and report it"),
 }
 

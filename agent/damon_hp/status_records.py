@@ -24,12 +24,14 @@ from damon_hp.errors import EnvironmentProblem
 _claimed: dict[str, Any] = {}
 
 
-def status_path(agent_pid: int | None = None) -> Path:
-    return ownership.run_dir() / f"agent-{agent_pid or os.getpid()}.json"
+def status_path(agent_pid: int | None = None, target_pid: int | None = None) -> Path:
+    """An agent's record; the daemon keeps one per managed process (`target_pid`)."""
+    suffix = f"-{target_pid}" if target_pid is not None else ""
+    return ownership.run_dir() / f"agent-{agent_pid or os.getpid()}{suffix}.json"
 
 
-def write_status(rec: dict[str, Any]) -> None:
-    path = status_path()
+def write_status(rec: dict[str, Any], path: Path | None = None) -> None:
+    path = path or status_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     try:

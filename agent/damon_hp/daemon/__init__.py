@@ -1,0 +1,8 @@
+"""damon-hpd: one service that manages every process its rules select, under one budget.
+
+    config.py     the TOML rules and the budget, checked with the line of every mistake
+    selection.py  /proc scanned against the rules (include and exclude)
+    budget.py     pure: ranges of all processes admitted by expected benefit under the budget
+    service.py    the loop: one physical event stream, reverse-mapped onto each process, the
+                  same pure policy and actuator per process, status records, reload, stop
+"""

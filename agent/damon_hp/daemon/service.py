@@ -1,0 +1,474 @@
+"""The daemon's loop: one physical access stream for every managed process.
+
+Each round, with one whole aggregation of the machine-wide paddr stream (our paddr kdamond,
+or a foreign one read passively):
+
+    for each managed process:  reverse map -> policy.decide (no budget of its own)
+    budget.admit               candidates of all processes, best first, under the budgets
+    for each managed process:  actuator.apply(admitted) -> policy.record_outcomes
+
+Between rounds: /proc is rescanned every `scan_every_s` (new matches are managed, exited
+processes let go), SIGHUP reloads the config (a bad one is refused with its line, the old one
+keeps running), SIGTERM/SIGINT stop. Whatever ends the loop, `close()` removes our tracefs
+instance, stops our kdamond (if paddr) and removes every status record of ours.
+
+What this slice does not do: a vaddr kdamond with one target per process (the daemon reads a
+physical stream only), DAMOS marks (none without vaddr), per-process policy thresholds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from damon_hp import actuate, policy, procfs, report, status_records
+from damon_hp.agent import streak_for_source
+from damon_hp.daemon import budget as budget_mod
+from damon_hp.daemon import selection
+from damon_hp.daemon.config import DaemonConfig, load_config
+from damon_hp.damon import events, kdamond, ownership, placement, revmap, sources
+from damon_hp.damon.events import EventStreamLost
+from damon_hp.damon.model import Snapshot
+from damon_hp.damon.status import probe
+from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.options import MonitorOptions
+
+STATUS_EVERY_S = 2.0
+READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are seen this soon
+MAX_ROUNDS_KEPT = 200
+
+
+def log(text: str) -> None:
+    print(f"damon-hpd: {text}", file=sys.stderr, flush=True)
+
+
+def mem_total_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise EnvironmentProblem("damon-hp daemon: /proc/meminfo has no MemTotal")
+
+
+def open_physical_source(request: sources.SourceRequest) -> sources.ReverseMappedSource:
+    """The machine-wide stream: our paddr kdamond where DAMON is free (auto, paddr), else a
+    foreign paddr kdamond's events (auto, passive). Bound to no process (target pid 0)."""
+    if request.kind != "passive":
+        kdamond.reclaim_stale()
+    events.remove_stale_instances()
+    found = probe()
+    if not found.sysfs_present:
+        raise EnvironmentProblem("damon-hp daemon: DAMON sysfs (/sys/kernel/mm/damon/admin) is "
+                                 "missing: this kernel has no DAMON. See `damon-hp doctor`.")
+    if not found.readable:
+        raise EnvironmentProblem(f"damon-hp daemon: {found.error}; run it as root.")
+    m = MonitorOptions()
+    mon = sources.MonitorSettings(m.intervals, m.min_nr_regions, m.max_nr_regions, None)
+    if request.kind == "paddr":
+        return sources._open_paddr(0, mon, "asked for in the config")
+    if request.kind == "passive":
+        return sources._open_passive(0, request, found, "asked for in the config")
+    try:
+        placement.plan_start(found, "paddr")
+    except EnvironmentProblem as e:
+        why = f"auto: no paddr kdamond of ours ({str(e).removeprefix('damon-hp: ')})"
+        return sources._open_passive(0, request, found, why)
+    return sources._open_paddr(0, mon, "auto: DAMON is free")
+
+
+class Managed:
+    """One managed process: pinned by a pidfd, with its own policy state and actuator."""
+
+    def __init__(self, info: selection.ProcessInfo, rule: str, params: policy.PolicyParams,
+                 target: actuate.Target) -> None:
+        self.info = info
+        self.pid = info.pid
+        self.rule = rule
+        self.params = params
+        self.target = target
+        self.files = procfs.ProcessFiles(info.pid)
+        self.actuator = actuate.Actuator(target, self.files, None)
+        self.state = policy.PolicyState()
+        self.since = time.time()
+        self.snapshots = 0
+        self.collapses = 0
+        self.collapsed_bytes = 0
+        self.errors: dict[str, int] = {}
+        self.held_by_budget = 0
+        self.held_by_rule = 0
+        self.hot_bytes = 0
+        self.huge_bytes: int | None = None
+        self.pending: tuple[Snapshot, policy.Decision] | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        """What counts against the budgets: the ranges promoted, or the huge pages measured
+        if more (a range the policy let go of stays huge: no split without a DAMOS mark)."""
+        return max(self.state.promoted_bytes, self.huge_bytes or 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "held_bytes": self.held_bytes, "rule": self.rule,
+                "command": list(self.info.cmdline),
+                "since": self.since, "snapshots": self.snapshots,
+                "promotions": self.collapses, "promoted_bytes": self.state.promoted_bytes,
+                "collapsed_bytes": self.collapsed_bytes, "collapse_errors": dict(self.errors),
+                "held_by_budget": self.held_by_budget, "held_by_rule": self.held_by_rule,
+                "hot_bytes": self.hot_bytes, "anon_huge_bytes": self.huge_bytes}
+
+    def close(self) -> None:
+        self.files.close()
+        self.target.close()
+
+
+class Service:
+    def __init__(self, config: DaemonConfig, json_path: str | None = None) -> None:
+        self.config = config
+        self.json_path = json_path
+        self.source: sources.ReverseMappedSource | None = None
+        self.managed: dict[int, Managed] = {}
+        self.refused: set[tuple[int, int]] = set()  # (pid, start ticks) not to try again
+        self.stop_signal: int | None = None
+        self.reload_wanted = False
+        self.rounds: list[dict[str, Any]] = []
+        self.totals = {"rounds": 0, "collapses": 0, "collapsed_bytes": 0, "errors": 0,
+                       "held_by_budget": 0, "held_by_rule": 0, "managed_ever": 0}
+        self.mem_total = mem_total_bytes()
+        self.started = time.monotonic()
+        self.params = policy.PolicyParams()
+        self._old_handlers: dict[int, Any] = {}
+
+    # -- signals -------------------------------------------------------------------------
+
+    def _on_stop(self, signum: int, frame: object) -> None:
+        self.stop_signal = self.stop_signal or signum
+
+    def _on_hup(self, signum: int, frame: object) -> None:
+        self.reload_wanted = True
+
+    def install_signals(self) -> None:
+        for sig, handler in ((signal.SIGTERM, self._on_stop), (signal.SIGINT, self._on_stop),
+                             (signal.SIGHUP, self._on_hup)):
+            self._old_handlers[sig] = signal.signal(sig, handler)
+
+    def restore_signals(self) -> None:
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers.clear()
+
+    # -- budget --------------------------------------------------------------------------
+
+    @property
+    def budget_bytes(self) -> int | None:
+        b = self.config.budget
+        return None if b is None else b.bytes_of(self.mem_total)
+
+    def rule_budgets(self) -> dict[str, int | None]:
+        return {r.name: (None if r.budget is None else r.budget.bytes_of(self.mem_total))
+                for r in self.config.include}
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        status_records.remove_stale_statuses()
+        self.source = open_physical_source(self.config.source)
+        info = self.source.info()
+        self.params = streak_for_source(policy.PolicyParams(), self.source.name,
+                                        info["aggr_us"])
+        log(f"access source {report.describe_source(info)} ({info['reason']})")
+        log(f"config {self.config.path}: {len(self.config.include)} rules, "
+            f"{len(self.config.exclude)} exclude rules, budget "
+            f"{report.fmt_bytes(self.budget_bytes) if self.budget_bytes is not None else 'none'}")
+        self.rescan()
+
+    def close(self) -> None:
+        """Let go of every process, close the stream (tracefs instance, our kdamond), remove
+        our status records; idempotent, never raises for one part failing."""
+        for pid in list(self.managed):
+            self._release(pid, "daemon stopping", quiet=True)
+        src, self.source = self.source, None
+        if src is not None:
+            try:
+                src.close()
+            except DamonHpError as e:
+                log(f"closing the access source: {e}")
+        for path in ownership.run_dir().glob(f"agent-{os.getpid()}-*.json"):
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+    def run(self) -> str:
+        """Loop until a stop signal or lost monitoring; returns why it stopped."""
+        assert self.source is not None
+        next_scan = time.monotonic() + self.config.scan_every_s
+        next_summary = time.monotonic() + self.config.summary_every_s
+        next_status = 0.0
+        last_snapshot = time.monotonic()
+        aggr_s = self.source.aggr_us / 1e6
+        while self.stop_signal is None:
+            if self.reload_wanted:
+                self.reload_wanted = False
+                self.reload()
+            now = time.monotonic()
+            if now >= next_scan:
+                self.rescan()
+                next_scan = now + self.config.scan_every_s
+            try:
+                phys = self._newest_snapshot()
+            except EventStreamLost as e:
+                log(str(e).removeprefix("damon-hp: "))
+                return "event stream lost"
+            now = time.monotonic()
+            if phys is not None:
+                last_snapshot = now
+                self.round(phys)
+            elif now - last_snapshot > 2 * aggr_s + 2 and not self.source.stream.kdamond_alive():
+                log(f"{self.source.kdamond_label} stopped: nothing left to read")
+                return "kdamond stopped"
+            if now >= next_status:
+                self.write_statuses()
+                next_status = now + STATUS_EVERY_S
+            if now >= next_summary:
+                log(self.summary())
+                self.write_json()
+                next_summary = now + self.config.summary_every_s
+        return signal.Signals(self.stop_signal).name
+
+    def _newest_snapshot(self) -> Snapshot | None:
+        assert self.source is not None
+        stream = self.source.stream
+        snap = stream.next_snapshot(READ_TIMEOUT_S)
+        while snap is not None:
+            newer = stream.next_snapshot(0)
+            if newer is None:
+                break
+            snap = newer
+        return snap
+
+    # -- processes -----------------------------------------------------------------------
+
+    def rescan(self) -> None:
+        procs = selection.scan(skip=(os.getpid(),))
+        alive = {p.pid: p for p in procs}
+        for pid, m in list(self.managed.items()):
+            p = alive.get(pid)
+            if m.target.exited() or p is None or p.start_ticks != m.info.start_ticks:
+                self._release(pid, "exited")
+        chosen = selection.select(procs, self.config)
+        for pid, m in list(self.managed.items()):
+            rule = chosen.get(pid)
+            if rule is None:
+                self._release(pid, "no longer selected by the config")
+            else:
+                m.rule = rule.name
+        for pid, rule in chosen.items():
+            if pid not in self.managed:
+                self._manage(alive[pid], rule.name)
+
+    def _manage(self, info: selection.ProcessInfo, rule: str) -> None:
+        key = (info.pid, info.start_ticks)
+        if key in self.refused:
+            return
+        other = status_records.managing_agent(info.pid, info.start_ticks)
+        if other is not None:
+            self.refused.add(key)
+            log(f"not managing pid {info.pid} ({info.comm}): damon-hp agent pid "
+                f"{other.get('agent_pid')} manages it already")
+            return
+        try:
+            target = actuate.Target.open(info.pid)
+        except EnvironmentProblem:
+            return  # gone meanwhile
+        self.managed[info.pid] = Managed(info, rule, self.params, target)
+        self.totals["managed_ever"] += 1
+        log(f"managing pid {info.pid} (rule {rule}): {info.command[:120]}")
+        self._write_status(self.managed[info.pid])
+
+    def _release(self, pid: int, why: str, quiet: bool = False) -> None:
+        m = self.managed.pop(pid)
+        m.close()
+        try:
+            status_records.status_path(os.getpid(), pid).unlink()
+        except OSError:
+            pass
+        if not quiet:
+            log(f"let go of pid {pid} (rule {m.rule}): {why}; it held "
+                f"{report.fmt_bytes(m.state.promoted_bytes)} of damon-hp's huge pages")
+
+    def reload(self) -> None:
+        try:
+            new = load_config(self.config.path)
+        except DamonHpError as e:
+            log(f"reload refused, still running the old config: "
+                f"{str(e).removeprefix('damon-hp daemon: ')}")
+            return
+        if new.source != self.config.source:
+            log(f"reload: source {new.source} needs a restart; keeping {self.config.source}")
+            new = dataclasses.replace(new, source=self.config.source)
+        self.config = new
+        self.refused.clear()
+        log(f"reloaded {new.path}: {len(new.include)} rules, {len(new.exclude)} exclude rules, "
+            f"budget {report.fmt_bytes(self.budget_bytes) if new.budget else 'none'}")
+        self.rescan()
+
+    # -- one round -----------------------------------------------------------------------
+
+    def round(self, phys: Snapshot) -> None:
+        thp = procfs.thp_mode()
+        candidates: list[budget_mod.Candidate] = []
+        for pid, m in list(self.managed.items()):
+            try:
+                decision, benefits = self._decide(m, phys, thp)
+            except (procfs.ProcessGone, revmap.ProcessGone):
+                self._release(pid, "exited")
+                continue
+            candidates += [budget_mod.Candidate(pid, m.rule, s, benefits[s])
+                           for s in decision.promote]
+        held = {pid: m.held_bytes for pid, m in self.managed.items()}
+        held_before = sum(held.values())
+        adm = budget_mod.admit(
+            candidates, held,
+            {pid: m.rule for pid, m in self.managed.items()}, self.budget_bytes,
+            self.rule_budgets())
+        for pid, m in list(self.managed.items()):
+            if m.pending is None:
+                continue
+            snap, decision = m.pending
+            m.pending = None
+            promote = adm.admitted.get(pid, ())
+            by_budget = adm.held_by_budget.get(pid, 0)
+            by_rule = adm.held_by_rule.get(pid, 0)
+            m.held_by_budget, m.held_by_rule = by_budget, by_rule
+            decision = dataclasses.replace(
+                decision, promote=promote,
+                held_by_budget=decision.held_by_budget + by_budget + by_rule)
+            try:
+                applied = m.actuator.apply(decision, snap.taken_at_s)
+                m.state = policy.record_outcomes(m.state, applied.outcomes, m.params,
+                                                 time.monotonic())
+                m.huge_bytes = m.files.rollup().get("AnonHugePages")
+            except procfs.ProcessGone:
+                self._release(pid, "exited")
+                continue
+            for r in applied.collapses:
+                if r.error is None:
+                    m.collapses += 1
+                    m.collapsed_bytes += r.bytes_done
+                else:
+                    m.errors[r.error] = m.errors.get(r.error, 0) + 1
+            m.collapses += len(applied.adopted)
+            self.totals["collapses"] += sum(r.error is None for r in applied.collapses)
+            self.totals["collapsed_bytes"] += sum(r.bytes_done for r in applied.collapses)
+            self.totals["errors"] += sum(r.error is not None for r in applied.collapses)
+            self.totals["held_by_budget"] += by_budget
+            self.totals["held_by_rule"] += by_rule
+        self.totals["rounds"] += 1
+        if candidates:
+            admitted = {(pid, s) for pid, starts in adm.admitted.items() for s in starts}
+            self.rounds.append({
+                "t_s": round(time.monotonic() - self.started, 3),
+                "held_bytes_before": held_before,
+                "candidates": [{"pid": c.pid, "rule": c.rule, "start": c.start,
+                                "benefit": round(c.benefit, 1),
+                                "admitted": (c.pid, c.start) in admitted} for c in candidates],
+            })
+            del self.rounds[:-MAX_ROUNDS_KEPT]
+            self.write_json()
+
+    def _decide(self, m: Managed, phys: Snapshot,
+                thp: str) -> tuple[policy.Decision, dict[int, float]]:
+        maps = procfs.read_maps(m.pid)
+        anon = [x for x in maps if x.anonymous_private]
+        frames = revmap.read_page_frames(m.pid, [(x.start, x.end) for x in anon])
+        snap = revmap.reverse_map(phys, frames).snapshot
+        mappings = [x.range for x in anon]
+        status = m.files.status()
+        cands = policy.collapse_candidates(snap, m.state, m.params, mappings=mappings)
+        resident = m.files.resident_pages(cands) if cands else {}
+        decision, m.state = policy.decide(snap, m.state, m.params, rss_bytes=status.vm_rss,
+                                          mappings=mappings, thp_mode=thp,
+                                          resident_pages=resident)
+        m.snapshots += 1
+        m.hot_bytes = decision.hot_bytes
+        m.pending = (snap, decision)
+        return decision, budget_mod.benefit(snap, decision.hot_ranges, decision.promote)
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def _write_status(self, m: Managed) -> None:
+        assert self.source is not None
+        try:
+            status_records.write_status({
+                "agent_pid": os.getpid(),
+                "agent_start_ticks": ownership.process_start_ticks(os.getpid()),
+                "mode": f"daemon (rule {m.rule})",
+                "rule": m.rule,
+                "target_pid": m.pid,
+                "target_start_ticks": m.info.start_ticks,
+                "command": list(m.info.cmdline),
+                "since": m.since,
+                "source": self.source.info(),
+                "kdamond_pid": self.source.kdamond_pid,
+                "snapshots": m.snapshots,
+                "promotions": m.collapses,
+                "promoted_bytes": m.state.promoted_bytes,
+                "collapsed_bytes": m.collapsed_bytes,
+                "demotions": 0,
+                "anon_huge_bytes": m.huge_bytes,
+                "hot_bytes": m.hot_bytes,
+                "held_by_budget": m.held_by_budget,
+                "budget_bytes": self.budget_bytes,
+                "updated": time.time(),
+            }, path=status_records.status_path(os.getpid(), m.pid))
+        except OSError:
+            pass  # status is a convenience; never let it stop the daemon
+
+    def write_statuses(self) -> None:
+        for m in self.managed.values():
+            self._write_status(m)
+
+    def summary(self) -> str:
+        held = sum(m.held_bytes for m in self.managed.values())
+        per_rule: dict[str, int] = {}
+        for m in self.managed.values():
+            per_rule[m.rule] = per_rule.get(m.rule, 0) + 1
+        rules = ", ".join(f"{k}: {v}" for k, v in sorted(per_rule.items())) or "none"
+        b = self.budget_bytes
+        t = self.totals
+        return (f"{len(self.managed)} processes managed ({rules}); huge pages held "
+                f"{report.fmt_bytes(held)} of budget "
+                f"{report.fmt_bytes(b) if b is not None else 'none'}; {t['collapses']} "
+                f"collapses ({report.fmt_bytes(t['collapsed_bytes'])}), {t['errors']} failed; "
+                f"ranges held (per snapshot) by the budget {t['held_by_budget']}, by rule "
+                f"budgets {t['held_by_rule']}; "
+                f"{t['rounds']} snapshots")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.config.path,
+            "source": self.source.info() if self.source is not None else None,
+            "budget_bytes": self.budget_bytes,
+            "rule_budgets": self.rule_budgets(),
+            "held_bytes": sum(m.held_bytes for m in self.managed.values()),
+            "processes": [m.to_json() for m in self.managed.values()],
+            "totals": dict(self.totals),
+            "rounds": self.rounds,
+            "wall_s": round(time.monotonic() - self.started, 3),
+        }
+
+    def write_json(self) -> None:
+        if not self.json_path:
+            return
+        try:
+            report_path = self.json_path
+            tmp = f"{report_path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.to_json(), f)
+            os.replace(tmp, report_path)
+        except OSError as e:
+            log(f"cannot write --json {self.json_path}: {e.strerror}")
