@@ -140,3 +140,27 @@ def test_memory_gap_below_one_huge_page_is_not_an_overhead():
     r = overhead_removed([(0, 100.5 * MiB)], [(0, 100.0 * MiB)], [(0, 101.0 * MiB)])
     assert r.value is None
     assert "within run-to-run noise" in r.undefined
+
+
+def test_speedup_preserved_from_cpu_time_per_operation():
+    # Wall time says nothing (a loaded host held damon-hp's workload off the CPU), CPU per op
+    # does: never 20 ns/op, always 16, damon-hp 17 -> (20 - 17) / (20 - 16) = 75%.
+    rs = []
+    for rep in range(3):
+        for arm, cpu_ns in (("thp-never", 20), ("thp-always", 16), ("damon-hp", 17)):
+            ops = 10**9
+            rs.append(run(arm, rep, 40.0 if arm != "damon-hp" else 60.0, user_s=cpu_ns,
+                          sys_s=0.0, ops=ops, ns_per_op=40.0, agent_cpu_s=0.4))
+    s = analyse(rs).group("w", 1, "sufficient").arms["damon-hp"]
+    assert s.speedup_preserved_cpu.value == pytest.approx(0.75)
+    assert s.metrics["cpu_ns_per_op"].median == pytest.approx(17)
+    assert s.metrics["agent_cpu_frac"].median == pytest.approx(0.4 / 60)
+
+
+def test_speedup_preserved_from_cpu_time_for_fixed_work():
+    # no ops (streamcluster): the CPU time itself; never 10 s, always 8, damon-hp 9 -> 50%
+    rs = [run(arm, rep, 30.0, user_s=cpu, sys_s=0.0)
+          for rep in range(3)
+          for arm, cpu in (("thp-never", 10.0), ("thp-always", 8.0), ("damon-hp", 9.0))]
+    s = analyse(rs).group("w", 1, "sufficient").arms["damon-hp"]
+    assert s.speedup_preserved_cpu.value == pytest.approx(0.5)

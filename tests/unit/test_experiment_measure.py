@@ -55,7 +55,10 @@ def test_hot_range_is_read_from_the_benchmarks_first_json_line():
     text = ('noise\n{"pid":12,"hot":{"start":4194304,"end":8388608},'
             '"cold":{"start":16777216,"end":33554432}}\n{"ops":1}\n')
     assert workloads.hot_ranges(text) == [AddrRange(4194304, 8388608)]
-    assert workloads.hot_ranges('{"pid":1,"table":{"start":0,"end":4096}}\n') is None
+    # gups reads its whole table at random: the table is its hot range
+    assert workloads.hot_ranges('{"pid":1,"table":{"start":0,"end":4096}}\n') == [
+        AddrRange(0, 4096)]
+    assert workloads.hot_ranges('{"pid":1,"regions":[{"start":0,"end":4096}]}\n') is None
     assert workloads.hot_ranges('{"hot": broken\n') is None
 
 
@@ -119,3 +122,11 @@ def test_a_hot_range_counts_as_mapped_only_while_every_byte_of_it_is():
     assert not _all_mapped(_maps((30 * MiB, 40 * MiB)), hot)
     assert not _all_mapped(_maps((2 * MiB, 10 * MiB), (12 * MiB, 22 * MiB)), hot)
     assert not _all_mapped([], hot)
+
+
+def test_operations_are_read_from_the_benchmarks_last_line():
+    assert workloads.operations('{"pid":1}\n{"ops":1262952448,"seconds":1.0,'
+                                '"ops_per_s":1.2e9,"stopped_by":"timeout"}\n') == 1262952448
+    assert workloads.operations('{"size":268435456,"updates":20000000,"seconds":0.3,'
+                                '"ns_per_update":15.7}\n') == 20000000
+    assert workloads.operations("streamcluster prints no JSON\n") is None

@@ -356,10 +356,12 @@ def _summarise_group(
         s.speedup_preserved = speedup_preserved(
             _pairs(rs, "runtime_s"), _pairs(never, "runtime_s"), _pairs(always, "runtime_s")
         )
-        if _values(rs, "cpu_ns_per_op"):
+        # Fixed-time benchmarks: CPU time per operation; fixed work: the CPU time itself.
+        cpu_key = "cpu_ns_per_op" if _values(rs, "cpu_ns_per_op") else "cpu_s"
+        if _values(rs, cpu_key):
             s.speedup_preserved_cpu = speedup_preserved(
-                _pairs(rs, "cpu_ns_per_op"), _pairs(never, "cpu_ns_per_op"),
-                _pairs(always, "cpu_ns_per_op"), unit="ns")
+                _pairs(rs, cpu_key), _pairs(never, cpu_key), _pairs(always, cpu_key),
+                unit="ns" if cpu_key == "cpu_ns_per_op" else "s")
         s.overhead_removed = overhead_removed(
             _pairs(rs, MEMORY_METRIC), _pairs(never, MEMORY_METRIC), _pairs(always, MEMORY_METRIC)
         )

@@ -42,9 +42,10 @@ ALWAYS = "thp-always"
 MEMORY_CONDITIONS = ("sufficient", "insufficient")
 WHERE = ("vm", "host")
 
-# Programs that print their hot ranges as JSON (the oracle needs ground truth): hotcold on
-# stdout, water_nsquared on stderr with WATER_NSQUARED_JSON=1 (VAR and each thread's force run).
-GROUND_TRUTH_PROGRAMS = frozenset({"hotcold", "water_nsquared"})
+# Programs that print their hot ranges as JSON (the oracle needs ground truth): hotcold and
+# sparse on stdout ("hot"), gups on stdout (its whole "table" is read at random),
+# water_nsquared on stderr with WATER_NSQUARED_JSON=1 (VAR and each thread's force run).
+GROUND_TRUTH_PROGRAMS = frozenset({"hotcold", "sparse", "gups", "water_nsquared"})
 # Programs with a -compact variant (the thesis's second scheme).
 COMPACT_VARIANTS = {"streamcluster": "streamcluster-compact"}
 

@@ -114,11 +114,12 @@ def _range(d: object) -> AddrRange | None:
 
 
 def hot_ranges(text: str) -> list[AddrRange] | None:
-    """The ground-truth hot ranges a program printed, if any: hotcold's {"hot": {...}}, or
+    """The ground-truth hot ranges a program printed, if any: hotcold's and sparse's
+    {"hot": {...}}, gups's {"table": {...}} (all of it is read at random), or
     water_nsquared's {"event": "layout"} (VAR and each thread's PFORCES node run, the large
     hot data of workloads-spec B.19)."""
     for obj in _json_lines(text):
-        hot = _range(obj.get("hot"))
+        hot = _range(obj.get("hot")) or _range(obj.get("table"))
         if hot:
             return [hot]
         if obj.get("event") == "layout":

@@ -146,18 +146,20 @@ def headline_table(g: GroupSummary) -> list[str]:
     notes = _Footnotes()
     lines = [
         f"| arm | runs ok | runtime ({unit}) | runtime / never | speedup preserved | "
-        "CPU time per op | speedup preserved (CPU/op) | "
+        "CPU time (per op) | speedup preserved (CPU) | "
         "peak RSS | THP memory overhead removed | AnonHugePages mean | hot range huge at end | "
         "time to hot set huge | agent CPU (% of a core) | steal |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p, s in g.arms.items():
         ok = f"{s.n_ok}" + (f" (+{s.n_not_ok} not ok)" if s.n_not_ok else "")
-        cpu_op = s.metrics.get("cpu_ns_per_op")
+        cpu_op, cpu_unit = s.metrics.get("cpu_ns_per_op"), "ns"
+        if cpu_op is None or cpu_op.median is None:  # fixed work: the CPU time itself
+            cpu_op, cpu_unit = s.metrics.get("cpu_s"), "s"
         lines.append(
             f"| {p} | {ok} | {_runtime(s, g)} | {fmt_ratio(s.vs_never.get('runtime_s'))} | "
             f"{notes.cell(s.speedup_preserved, percent=True)} | "
-            f"{fmt_spread(cpu_op, 'ns')} | "
+            f"{fmt_spread(cpu_op, cpu_unit)} | "
             f"{notes.cell(s.speedup_preserved_cpu, percent=True) if s.speedup_preserved_cpu else 'n/a'} | "  # noqa: E501
             f"{fmt_spread(s.metrics.get('peak_rss_bytes'), 'B')} | "
             f"{notes.cell(s.overhead_removed, percent=True)} | "
@@ -288,8 +290,9 @@ def render(inp: ReportInput) -> str:
         "start-up), or ns per operation for benchmarks that run for a fixed time (hotcold).",
         "- speedup preserved = (T_never − T_p) / (T_never − T_always): 100% = as fast as "
         "thp-always, 0% = no faster than thp-never.",
-        "- CPU time per op = the workload's user+sys CPU time (set-up included) / the operations "
-        "it reports; speedup preserved (CPU/op) is the same ratio from it. On a shared host a "
+        "- CPU time (per op) = the workload's user+sys CPU time (set-up included), divided by "
+        "the operations it reports for fixed-time benchmarks; speedup preserved (CPU) is the "
+        "same ratio from it. On a shared host a "
         "workload that waits for a CPU loses wall time, not CPU time, so this one is steadier "
         "there. agent CPU (% of a core) = the arm's own CPU time / the workload's wall time. "
         "steal = the hypervisor's steal as a share of the machine's CPU time during the run "
