@@ -344,6 +344,34 @@ def _clear_idle_dir(admin: Path, index: int, target_pid: int) -> None:
         io.write(kd / "contexts/nr_contexts", 0)
 
 
+def system_ram_ranges(iomem: str = "/proc/iomem") -> list[AddrRange]:
+    """Every top-level `System RAM` range of /proc/iomem, page-aligned inwards (root sees real
+    addresses; others read zeros, which give no range)."""
+    out = []
+    with open(iomem) as f:
+        for line in f:
+            if line.startswith(" ") or not line.rstrip().endswith(": System RAM"):
+                continue
+            lo, _, hi = line.split(" : ")[0].partition("-")
+            start = -(-int(lo, 16) // 4096) * 4096
+            end = (int(hi, 16) + 1) // 4096 * 4096
+            if end > start:
+                out.append(AddrRange(start, end))
+    return out
+
+
+def _write_regions(rdir: Path, ranges: list[AddrRange]) -> None:
+    # A paddr target with no regions monitors nothing (Linux 6.12 at least: not one
+    # damon_aggregated event, tried_regions empty), and DAMON's sysfs has no default for it.
+    if not ranges:
+        raise EnvironmentProblem("damon-hp: /proc/iomem lists no System RAM (are you root?); "
+                                 "a paddr kdamond needs physical ranges to monitor")
+    io.write(rdir / "nr_regions", len(ranges))
+    for i, r in enumerate(ranges):
+        io.write(rdir / f"{i}/start", r.start)
+        io.write(rdir / f"{i}/end", r.end)
+
+
 def start_vaddr(pid: int, intervals: Intervals | None = None, min_nr_regions: int = 10,
                 max_nr_regions: int = 1000, schemes: list[Scheme] | tuple[Scheme, ...] = (),
                 intervals_goal: IntervalsGoal | None = None, *,
@@ -364,7 +392,7 @@ def start_vaddr(pid: int, intervals: Intervals | None = None, min_nr_regions: in
 def start_paddr(intervals: Intervals | None = None, min_nr_regions: int = 10,
                 max_nr_regions: int = 1000, intervals_goal: IntervalsGoal | None = None, *,
                 run_dir: Path | None = None, admin: Path = ADMIN) -> OwnedKdamond:
-    """Start a kdamond over physical memory (the whole system RAM), owned by damon-hp.
+    """Start a kdamond over physical memory (every System RAM range), owned by damon-hp.
 
     For kernels without vaddr: it watches every process at once, so its snapshots say which
     physical frames are accessed; a reverse map (revmap.py) gives one process's share. It takes
@@ -419,6 +447,8 @@ def _start(ops: str, pid: int, intervals: Intervals, min_nr_regions: int, max_nr
         io.write(ctx / "targets/nr_targets", 1)
         if ops != "paddr":
             io.write(ctx / "targets/0/pid_target", pid)
+        else:
+            _write_regions(ctx / "targets/0/regions", system_ram_ranges())
         _write_schemes(ctx, schemes, intervals.sample_us)
         io.write(kd.dir / "state", "on")
         turned_on = True
