@@ -140,7 +140,10 @@ class _Group:
 class SnapshotAssembler:
     """Groups `damon_aggregated` events of one kdamond into whole per-target snapshots.
 
-    Pure apart from `clock` (time.monotonic by default, for `Snapshot.taken_at_s`). A target's
+    Pure apart from `clock` (time.monotonic by default), which stamps `Snapshot.taken_at_s`
+    when the snapshot completes; with `clock=None` the snapshot carries the time of its last
+    event instead (the aggregation's end, on the trace clock), so snapshots read late, several
+    at once, keep the times DAMON made them at. A target's
     snapshot is complete when `nr_regions` events have arrived for it; DAMON emits a target's
     regions in address order within a few milliseconds, so a group ends early -- and is
     dropped, never returned torn -- when an event starts below the previous one (the next
@@ -159,7 +162,7 @@ class SnapshotAssembler:
         sample_us: int,
         aggr_us: int,
         target_pids: Mapping[int, int] | int = 0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = time.monotonic,
     ) -> None:
         if not 0 < sample_us <= aggr_us:
             raise ValueError(f"need 0 < sample_us ({sample_us}) <= aggr_us ({aggr_us})")
@@ -196,7 +199,7 @@ class SnapshotAssembler:
             return None
         del self._groups[event.target_id]
         return Snapshot(
-            taken_at_s=self._clock(),
+            taken_at_s=self._clock() if self._clock is not None else event.timestamp_s,
             pid=pid,
             sample_us=self.sample_us,
             aggr_us=self.aggr_us,
@@ -283,6 +286,8 @@ class AggregatedEventStream:
 
     with AggregatedEventStream(kdamond_pid, sample_us=..., aggr_us=...) as stream:
         snap = stream.next_snapshot(timeout_s=10)   # None: nothing complete within 10 s
+        snap = stream.latest_snapshot(timeout_s=10) # the same, but the newest one: older
+                                                    # ones that queued meanwhile are dropped
 
     sample_us, aggr_us: the kdamond's intervals (its sysfs monitoring_attrs, read by the
     caller); they go into every Snapshot. target_pids: see SnapshotAssembler. max_nr_regions:
@@ -304,13 +309,16 @@ class AggregatedEventStream:
         on_line: Callable[[str], None] | None = None,
     ) -> None:
         self.kdamond_pid = kdamond_pid
+        # Snapshots carry their aggregation's time: the instance's trace clock is "mono",
+        # CLOCK_MONOTONIC, the clock of time.monotonic().
         self.assembler = SnapshotAssembler(
-            sample_us=sample_us, aggr_us=aggr_us, target_pids=target_pids
+            sample_us=sample_us, aggr_us=aggr_us, target_pids=target_pids, clock=None
         )
         self.max_nr_regions = max_nr_regions
         self.tracefs = Path(tracefs)
         self.instance: Path | None = None
         self.lost_events = 0
+        self.skipped_snapshots = 0
         self._fd: int | None = None
         self._pending = b""
         self._ready: deque[Snapshot] = deque()
@@ -423,6 +431,27 @@ class AggregatedEventStream:
             if not readable or not self._drain():
                 self._check_instance_every(HEALTH_CHECK_S)
         return self._ready.popleft()
+
+    def latest_snapshot(self, timeout_s: float) -> Snapshot | None:
+        """The newest whole snapshot of a target: waits like `next_snapshot` for one, then
+        takes what is already readable and returns that target's newest snapshot, dropping
+        the older ones (counted in `skipped_snapshots`).
+
+        For a reader slower than the kdamond at times (a step that collapses for seconds, a
+        reverse map of a large target): every snapshot is a whole aggregation, so the newest
+        says all the older ones would, and working through a backlog of stale ones would only
+        leave the reader further behind.
+        """
+        snap = self.next_snapshot(timeout_s)
+        if snap is None:
+            return None
+        self._drain()
+        newer = [s for s in self._ready if s.pid == snap.pid]
+        if not newer:
+            return snap
+        self.skipped_snapshots += len(newer)
+        self._ready = deque(s for s in self._ready if s.pid != snap.pid)
+        return newer[-1]
 
     def _drain(self) -> bool:
         """Read what trace_pipe has (a page per read at most); False if nothing was there."""

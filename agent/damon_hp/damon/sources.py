@@ -131,7 +131,7 @@ class VaddrSource(_Base):
     def snapshot(self) -> Snapshot | None:
         if self.stream is None or self.kd.autotuned:
             return self.kd.snapshot()
-        snap = self.stream.next_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
+        snap = self.stream.latest_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
         if snap is None and not self.kd.is_running():
             raise KdamondStopped(f"damon-hp: kdamond {self.kd.index} stopped")
         return snap
@@ -159,7 +159,11 @@ class ReverseMappedSource(_Base):
         self._owned_kd = owned_kd
 
     def snapshot(self) -> Snapshot | None:
-        phys = self.stream.next_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
+        # The newest aggregation only: a reverse map of a 4 GiB target costs 0.1-0.5 s of CPU
+        # on the host (revmap.py), up to seconds for 1.3 GiB in the test VM, and one per
+        # queued stale snapshot left the agent ever further behind (VM, paddr, 400 ms
+        # aggregations: after a 20 s collapse step, 30 queued snapshots took the next 29 s).
+        phys = self.stream.latest_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
         if phys is None:
             if not self._alive():
                 raise KdamondStopped(f"damon-hp: {self.kdamond_label} stopped")
