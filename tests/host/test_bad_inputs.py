@@ -26,13 +26,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from thp_settings import thp_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
 ADMIN = Path("/sys/kernel/mm/damon/admin")
 INSTANCES = Path("/sys/kernel/tracing/instances")
-THP = Path("/sys/kernel/mm/transparent_hugepage")
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def as_nobody(argv: list[str], stash: Path) -> list[str]:
+    """`argv` run as uid 65534, with the project reachable although the clone may sit below a
+    mode-0700 folder (a home, a mktemp -d: CI's case). In a private mount namespace the
+    topmost such folder is covered by an empty 0755 tmpfs and the project is bind-mounted back
+    at its own path, so nobody runs the same files at the same paths; the host is unchanged."""
+    blocked = [p for p in ROOT.parents if not p.stat().st_mode & 0o001]
+    if not blocked:
+        return [*NOBODY, *argv]
+    top = blocked[-1]
+    script = (f'mount --bind "{ROOT}" "{stash}" && '
+              f'mount -t tmpfs -o mode=0755 damon-hp-test "{top}" && '
+              f'mkdir -p "{ROOT}" && mount --bind "{stash}" "{ROOT}" && '
+              'exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+            *NOBODY, *argv]
 
 BAD_INPUTS_TRIED: list[str] = []
 
@@ -219,16 +236,6 @@ def kdamond_states() -> dict[str, tuple[str, str]]:
     return out
 
 
-def thp_settings() -> dict[str, str]:
-    out = {}
-    for p in [THP / "enabled", THP / "defrag", *sorted((THP / "khugepaged").glob("*"))]:
-        try:
-            out[p.name] = p.read_text().strip()
-        except OSError:
-            continue
-    return out
-
-
 def damon_hp_cgroups() -> list[str]:
     root = Path("/sys/fs/cgroup")
     return sorted(str(p) for p in [*root.glob("damon-hp*"), *root.glob("*/damon-hp*")])
@@ -337,7 +344,8 @@ def say(request: pytest.FixtureRequest, line: str) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_refused_with_a_message_and_changes_nothing(
-        case: Case, targets: dict[str, str], tmp_path: Path) -> None:
+        case: Case, targets: dict[str, str], tmp_path: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
     if case.nobody and shutil.which("setpriv") is None:
         pytest.fail("setpriv (util-linux) is needed for the non-root cases")
     prepare(tmp_path)
@@ -347,7 +355,11 @@ def test_bad_input_is_refused_with_a_message_and_changes_nothing(
     env.update({k: fill(v, values) for k, v in case.env.items()})
     files_before = tree(tmp_path)
     before = system_state()
-    proc = subprocess.Popen([*(NOBODY if case.nobody else []), DAMON_HP, *argv], cwd=ROOT,
+    command = [DAMON_HP, *argv]
+    if case.nobody:
+        stash = tmp_path_factory.mktemp("stash")
+        command = as_nobody(command, stash)
+    proc = subprocess.Popen(command, cwd=ROOT,
                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

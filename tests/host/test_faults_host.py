@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from thp_settings import thp_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
 HOTCOLD = str(ROOT / "workloads/bin/hotcold")
 ADMIN = Path("/sys/kernel/mm/damon/admin")
 INSTANCES = Path("/sys/kernel/tracing/instances")
-THP = Path("/sys/kernel/mm/transparent_hugepage")
 EVENT = "events/damon/damon_aggregated"
 START_S = 90.0  # generous: the agent's start is a few seconds here, more on a loaded host
 
@@ -56,16 +56,6 @@ def kdamond_states() -> dict[str, tuple[str, str]]:
     for kd in sorted((ADMIN / "kdamonds").glob("[0-9]*")):
         try:
             out[kd.name] = ((kd / "state").read_text().strip(), (kd / "pid").read_text().strip())
-        except OSError:
-            continue
-    return out
-
-
-def thp_settings() -> dict[str, str]:
-    out = {}
-    for p in [THP / "enabled", THP / "defrag", *sorted((THP / "khugepaged").glob("*"))]:
-        try:
-            out[p.name] = p.read_text().strip()
         except OSError:
             continue
     return out
