@@ -105,17 +105,19 @@ class Sampler:
         if capable == 0:
             return None
         try:
+            try:
+                huge = procfs.huge_bytes_in(self.pid, self.hot)
+            except procfs.PagemapScanUnsupported:
+                # Per-VMA counters: exact only because the benchmarks map their hot range alone.
+                self.hot_exact = False
+                huge = procfs.smaps_in_ranges(procfs.read_smaps(self.pid),
+                                              self.hot).anon_huge_bytes
             # A benchmark unmaps its buffers before it exits (hotcold does, after printing its
-            # result): a sample then reads 0 huge bytes of memory that no longer exists, and
-            # as the run's last sample it would become the final word. No mapping, no sample.
+            # result): a scan then reads 0 huge bytes of memory that no longer exists, and as
+            # the run's last sample it would become the final word. Checked after the scan,
+            # so an unmap during it is caught too (seen: a 1.0 run ending on 0.0).
             if not _all_mapped(procfs.read_maps(self.pid), self.hot):
                 return None
-            huge = procfs.huge_bytes_in(self.pid, self.hot)
-        except procfs.PagemapScanUnsupported:
-            # Per-VMA counters: exact only because the benchmarks map their hot range alone.
-            self.hot_exact = False
-            maps = procfs.read_smaps(self.pid)
-            huge = procfs.smaps_in_ranges(maps, self.hot).anon_huge_bytes
         except (procfs.ProcessGone, OSError):
             return None
         return min(1.0, huge / capable)
