@@ -377,13 +377,6 @@ def huge_share(pid: int, lo: int, hi: int) -> float:
     return procfs.huge_bytes_in(pid, [AddrRange(lo, hi)]) / (hi - lo)
 
 
-def test_under_thp_madvise_promoted_memory_is_marked_hugepage_and_cold_memory_nohugepage(
-    tmp_path,
-) -> None:
-    THP_ENABLED.write_text("madvise")  # thp_never restores the original mode afterwards
-    _check_madvise_marks(tmp_path)
-
-
 def _check_madvise_marks(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     phase_s = 60  # generous: DAMON in a loaded TCG VM needs several 400 ms aggregations
