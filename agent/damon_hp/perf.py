@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from damon_hp import procfs
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 
 PERF_EVENTS: tuple[str, ...] = (
@@ -257,7 +258,7 @@ class PerfSession:
             session._kill()
             message = session._stderr() or "no output"
             session._cleanup()
-            if not _pid_exists(pid):
+            if not procfs.pid_exists(pid):
                 raise EnvironmentProblem(f"perf cannot attach to PID {pid}: no such process")
             if "paranoid" in message or "ermission" in message:
                 first = next((ln for ln in message.splitlines()
@@ -339,13 +340,3 @@ class PerfSession:
         if self.running:
             self._kill()
         self._cleanup()
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

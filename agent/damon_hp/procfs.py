@@ -417,6 +417,17 @@ def resident_pages_in(pid: int, starts: Iterable[int]) -> dict[int, int]:
         os.close(fd)
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process with this pid exists (ours to signal or not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def read_cmdline(pid: int) -> list[str]:
     """The process's argv ([] for a kernel thread)."""
     raw = _read(f"/proc/{pid}/cmdline")

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import procfs
 from ..errors import DamonHpError, EnvironmentProblem
 from .model import Region, Snapshot
 
@@ -231,16 +232,6 @@ def instance_name(pid: int, seq: int) -> str:
 _INSTANCE_NAME = re.compile(rf"^{re.escape(INSTANCE_PREFIX)}(\d+)-(\d+)$")
 
 
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_instances(tracefs: str = TRACEFS) -> list[str]:
     """Remove tracefs instances left by damon-hp processes that no longer exist.
 
@@ -257,7 +248,7 @@ def remove_stale_instances(tracefs: str = TRACEFS) -> list[str]:
     removed = []
     for name in names:
         m = _INSTANCE_NAME.match(name)
-        if m is None or _pid_exists(int(m[1])):
+        if m is None or procfs.pid_exists(int(m[1])):
             continue
         try:
             os.rmdir(root / name)
@@ -363,7 +354,7 @@ class AggregatedEventStream:
                 f"this kernel has no damon:damon_aggregated tracepoint ({self.tracefs}/"
                 f"{EVENT_DIR} is missing): it needs CONFIG_DAMON (Linux 5.15+) with tracing"
             )
-        if not _pid_exists(self.kdamond_pid):
+        if not procfs.pid_exists(self.kdamond_pid):
             raise EnvironmentProblem(
                 f"kdamond pid {self.kdamond_pid} does not exist: the kdamond has stopped"
             )
@@ -521,7 +512,7 @@ class AggregatedEventStream:
 
     def kdamond_alive(self) -> bool:
         """Whether the followed kdamond thread still exists."""
-        return _pid_exists(self.kdamond_pid)
+        return procfs.pid_exists(self.kdamond_pid)
 
     @property
     def dropped_groups(self) -> int:
