@@ -14,9 +14,9 @@ Opt-in host check, not part of `make test` (run it by path:
 .venv/bin/pytest tests/host/daemon_budget.py).
 
 Why opt-in: whether a round contests the budget and how much of it gets used depend on how fast
-the passive source shows each process's hot set; on 2026-11-23, in a loaded fresh-clone run and a rerun,
-it failed once on the budget use (48 of 96 MiB) and once on "no contested round". Making it
-independent of that timing is open work (#13).
+the passive source shows each process's hot set. On 2026-11-23, in a loaded fresh-clone run and
+a rerun, it failed once on the budget use (48 of 96 MiB) and once on "no contested round".
+Making it independent of that timing is open work (#13).
 """
 
 from __future__ import annotations
