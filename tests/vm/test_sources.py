@@ -1,0 +1,365 @@
+"""The access sources on a real DAMON (vm tier, system THP mode `never`): paddr, passive, and the
+event stream against tried_regions.
+
+- paddr: damon-hp's own physical-memory kdamond, reverse-mapped onto hotcold, backs the hot
+  buffer and mostly not the cold one; nothing of it is left afterwards.
+- passive: a paddr kdamond started here by raw sysfs writes, as another tool would, is read
+  through its events only (`--source passive`, and `auto` since DAMON is busy), with DAMON sysfs
+  mounted read-only around the agent; the kdamond runs on exactly as it was.
+- the event stream and tried_regions of the built-in `stat` scheme describe the same
+  aggregation of our vaddr kdamond.
+
+Ground truth comes from workloads/bin/hotcold's printed ranges and /proc/PID/smaps, never from
+the agent's own report. Every test also checks that nothing is left behind: no kdamond, no
+tracefs instance, no status or ownership record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from damon_hp import procfs
+from damon_hp.damon import Intervals, Snapshot, ownership, probe, start_vaddr
+from damon_hp.damon.events import INSTANCE_PREFIX, AggregatedEventStream
+from damon_hp.ranges import AddrRange
+
+ROOT = Path(__file__).resolve().parents[2]
+DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
+HOTCOLD = str(ROOT / "workloads/bin/hotcold")
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+DAMON = Path("/sys/kernel/mm/damon")
+KDAMONDS = DAMON / "admin/kdamonds"
+INSTANCES = Path("/sys/kernel/tracing/instances")
+# Behaviour, not speed (as in test_agent.py): the hot set must become huge while hotcold runs.
+# Physical sources need 3 hot snapshots over 2 aggregations, DAMON first has to split its
+# regions of all of RAM down to the buffers, and every snapshot costs the agent a reverse map of
+# the whole target through pagemap: 1-3 s of CPU per snapshot for 1.25 GiB under TCG (about
+# 0.04 s on the host), and the emulated CPU slows further with the host's load. With the host at
+# load 6-7 on 2 cores (2026-11-23) the agent needed 3.5 s of CPU per snapshot of a 256M/1G
+# hotcold (1.4 s for 128M/512M) and none of the physical-source tests got its hot buffer to
+# 90 % within 120 s; a quarter of the size keeps them within the deadline.
+HOT, COLD = "64M", "256M"
+DEADLINE_S = 120.0
+HOT_SHARE = 0.90
+# Our paddr source: "mostly not" = less than half of the cold buffer huge when the hot buffer
+# reaches 90 %. A physical region mixing frames of the cold buffer with busy ones (hot buffer,
+# other processes) reads hot in some aggregations and not others, and the promotion streak for
+# physical sources (3 hot snapshots over 2 aggregations, one miss tolerated) lets some of those
+# through; how much is a benchmark figure. Measured 2026-11-23: 256M/1G 0 % on a fresh VM,
+# 11.5-13.5 % after the rest of the vm tier; 64M/256M 1-6 % on a fresh VM, 12.5 %, 62 % and
+# 75 % right after test_agent.py's THP-madvise test.
+COLD_SHARE = 0.50
+# Not asserted for passive (as in tests/host/test_agent_passive.py): it depends on how fast the
+# foreign kdamond splits its regions. Over a 1 s-aggregation kdamond started just before the run:
+# 256M/1G 0.8-31 % (71 % and 81 % after the rest of the vm tier), 64M/256M 17-92 %.
+
+
+@pytest.fixture(autouse=True)
+def thp_never() -> Iterator[None]:
+    """THP `never` for the test, restored afterwards. Only ever inside the VM."""
+    old = procfs.thp_mode()
+    THP_ENABLED.write_text("never")
+    yield
+    THP_ENABLED.write_text(old)
+
+
+def our_instances() -> list[str]:
+    return sorted(n for n in os.listdir(INSTANCES) if n.startswith(INSTANCE_PREFIX))
+
+
+def status_agents() -> list[dict]:
+    r = subprocess.run([DAMON_HP, "status", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["agents"]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    """Before and after: no kdamond dir, no damon-hp tracefs instance, no record of ours."""
+    assert probe().kdamonds == (), "a kdamond dir existed before the test"
+    assert our_instances() == []
+    yield
+    assert probe().kdamonds == (), "the test left a kdamond dir behind"
+    assert kdamond_threads() == [], "a kdamond thread is still running"
+    assert our_instances() == [], "a damon-hp tracefs instance was left behind"
+    assert ownership.read_records() == {}, "an ownership record was left behind"
+    assert status_agents() == [], "a status record was left behind"
+
+
+def kdamond_threads() -> list[int]:
+    """pids of kernel threads named kdamond*, by /proc (independent of sysfs)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if (d / "comm").read_text().startswith("kdamond"):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return sorted(pids)
+
+
+def system_ram() -> list[tuple[int, int]]:
+    """Top-level System RAM ranges of /proc/iomem, [start, end) page-aligned."""
+    out = []
+    for line in Path("/proc/iomem").read_text().splitlines():
+        if line.startswith(" ") or not line.endswith(": System RAM"):
+            continue
+        lo, hi = (int(x, 16) for x in line.split(" : ")[0].split("-"))
+        start, end = -(-lo // 4096) * 4096, (hi + 1) // 4096 * 4096
+        if end > start:
+            out.append((start, end))
+    return out
+
+
+class HotCold:
+    def __init__(self, line: str) -> None:
+        d = json.loads(line)
+        self.pid = d["pid"]
+        self.hot = AddrRange(d["hot"]["start"], d["hot"]["end"])
+        self.cold = AddrRange(d["cold"]["start"], d["cold"]["end"])
+
+    def huge_shares(self) -> tuple[float, float]:
+        maps = procfs.read_smaps(self.pid)
+        hot = procfs.smaps_in_ranges(maps, [self.hot]).anon_huge_bytes
+        cold = procfs.smaps_in_ranges(maps, [self.cold]).anon_huge_bytes
+        return hot / self.hot.size, cold / self.cold.size
+
+
+def run_until_hot(args: list[str], out: Path,
+                  wrap: list[str] | None = None) -> tuple[HotCold, float | None, list, str, int]:
+    """`damon-hp run --json out ARGS -- hotcold`, watched through smaps until the hot buffer is
+    HOT_SHARE huge or DEADLINE_S passes, then stopped with SIGTERM.
+
+    Returns (ranges, seconds to HOT_SHARE or None, samples (t, hot, cold), stderr, exit code).
+    """
+    cmd = [DAMON_HP, "run", "--progress-s", "10", "--json", str(out), *args, "--", HOTCOLD,
+           "--hot", HOT, "--cold", COLD, "--seconds", "300"]
+    proc = subprocess.Popen([*(wrap or []), *cmd], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(timeout=60)
+            pytest.fail(f"damon-hp run exited before hotcold started:\n{proc.stderr.read()}")
+        hc = HotCold(line)
+        since = time.monotonic()
+        took, samples = None, []
+        while True:
+            hot, cold = hc.huge_shares()
+            t = time.monotonic() - since
+            if t > DEADLINE_S:
+                break
+            samples.append((round(t, 1), round(hot, 3), round(cold, 3)))
+            if hot >= HOT_SHARE:
+                took = t
+                break
+            time.sleep(0.5)
+        samples.append(("end", *(round(x, 3) for x in hc.huge_shares())))
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    return hc, took, samples, err, proc.returncode
+
+
+# --------------------------------------------------------------------------------------------
+# paddr: our own physical-memory kdamond
+
+
+def test_paddr_source_backs_the_hot_buffer_and_leaves_no_kdamond(tmp_path) -> None:
+    out = tmp_path / "out.json"
+    hc, took, samples, err, code = run_until_hot(["--source", "paddr"], out)
+    print(f"paddr: {HOT_SHARE:.0%} of the hot buffer huge after {took} s; samples {samples}")
+    print(err[err.find("damon-hp summary"):])
+    assert took is not None, f"hot buffer not huge within {DEADLINE_S} s: {samples}\n{err}"
+    assert max(c for _, _, c in samples) <= COLD_SHARE, f"cold buffer got huge: {samples}"
+    assert code == 0, err  # hotcold exits 0 on SIGTERM, passed through
+    source = json.loads(out.read_text())["summary"]["source"]
+    assert source["name"] == "paddr"
+    assert "(ours, paddr)" in source["kdamond"]
+    assert source["reader"] == "event stream + pagemap reverse map"
+    assert not Path(f"/proc/{source['kdamond_pid']}").exists(), "our kdamond outlived the run"
+
+
+# --------------------------------------------------------------------------------------------
+# passive: a kdamond someone else started
+
+
+class ForeignPaddrKdamond:
+    """A paddr kdamond started by raw sysfs writes over all System RAM, with a scheme of its
+    own, as another tool would (inside the VM only)."""
+
+    SAMPLE_US, AGGR_US = 20_000, 1_000_000
+
+    def __init__(self) -> None:
+        (KDAMONDS / "nr_kdamonds").write_text("1")
+        self.dir = KDAMONDS / "0"
+        ctx = self.dir / "contexts"
+        (ctx / "nr_contexts").write_text("1")
+        ctx = ctx / "0"
+        (ctx / "operations").write_text("paddr")
+        (ctx / "monitoring_attrs/intervals/sample_us").write_text(str(self.SAMPLE_US))
+        (ctx / "monitoring_attrs/intervals/aggr_us").write_text(str(self.AGGR_US))
+        (ctx / "monitoring_attrs/nr_regions/min").write_text("10")
+        (ctx / "monitoring_attrs/nr_regions/max").write_text("1000")
+        (ctx / "targets/nr_targets").write_text("1")
+        ram = system_ram()
+        regions = ctx / "targets/0/regions"
+        (regions / "nr_regions").write_text(str(len(ram)))
+        for i, (start, end) in enumerate(ram):
+            (regions / f"{i}/start").write_text(str(start))
+            (regions / f"{i}/end").write_text(str(end))
+        # A scheme that changes nothing (stat) but is not DAMON's default: it must survive.
+        (ctx / "schemes/nr_schemes").write_text("1")
+        s = ctx / "schemes/0"
+        (s / "action").write_text("stat")
+        for name, lo, hi in (("sz", 4096, 1 << 40), ("nr_accesses", 0, 0), ("age", 10, 1 << 20)):
+            (s / f"access_pattern/{name}/min").write_text(str(lo))
+            (s / f"access_pattern/{name}/max").write_text(str(hi))
+        (self.dir / "state").write_text("on")
+        self.pid = int((self.dir / "pid").read_text())
+
+    def files(self) -> dict[str, str]:
+        """Every readable file of its dir, less what the kernel keeps updating itself (scheme
+        counters, tried regions)."""
+        out = {}
+        for dirpath, _, names in os.walk(self.dir):
+            if {"stats", "tried_regions"} & set(Path(dirpath).parts):
+                continue
+            for name in names:
+                try:
+                    out[str(Path(dirpath, name).relative_to(self.dir))] = (
+                        Path(dirpath, name).read_text())
+                except OSError:
+                    continue
+        return out
+
+    def remove(self) -> None:
+        (self.dir / "state").write_text("off")
+        deadline = time.monotonic() + 30
+        while (self.dir / "state").read_text().strip() != "off" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (KDAMONDS / "nr_kdamonds").write_text("0")
+
+
+@pytest.fixture
+def foreign() -> Iterator[ForeignPaddrKdamond]:
+    kd = ForeignPaddrKdamond()
+    try:
+        yield kd
+    finally:
+        kd.remove()
+
+
+# The agent runs in a private mount namespace in which DAMON sysfs is read-only: a write under
+# it would fail there (EROFS) and show as an error, and the outside stays untouched.
+READ_ONLY_DAMON = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   f"mount --bind {DAMON} {DAMON} && mount -o remount,bind,ro {DAMON} && "
+                   'exec "$@"', "sh"]
+
+
+@pytest.mark.parametrize("source", ["passive", "auto"])
+def test_passive_source_backs_the_hot_buffer_through_a_foreign_kdamond_it_never_writes(
+        tmp_path, foreign: ForeignPaddrKdamond, source: str) -> None:
+    before = foreign.files()
+    assert before["state"].strip() == "on"
+    out = tmp_path / "out.json"
+    hc, took, samples, err, code = run_until_hot(["--source", source], out,
+                                                 wrap=READ_ONLY_DAMON)
+    after = foreign.files()
+    print(f"{source}: {HOT_SHARE:.0%} of the hot buffer huge after {took} s (cold huge then: "
+          f"{samples[-1][2]:.1%}); samples {samples}")
+    assert took is not None, f"hot buffer not huge within {DEADLINE_S} s: {samples}\n{err}"
+    assert code == 0, err
+    s = json.loads(out.read_text())["summary"]
+    assert s["source"]["name"] == "passive"
+    if source == "auto":
+        assert s["source"]["reason"].startswith("auto: "), s["source"]
+    assert s["source"]["kdamond_pid"] == foreign.pid
+    assert "not ours" in s["source"]["kdamond"]
+    assert (s["source"]["sample_us"], s["source"]["aggr_us"]) == (
+        ForeignPaddrKdamond.SAMPLE_US, ForeignPaddrKdamond.AGGR_US)
+    assert s["kdamond_cpu_s"] is None, "a foreign kdamond's CPU is its owner's, not ours"
+    # The foreign kdamond runs on, same thread, same intervals, regions and scheme.
+    assert after == before
+    assert [k.pid for k in probe().running] == [foreign.pid]
+    assert kdamond_threads() == [foreign.pid]
+
+
+# --------------------------------------------------------------------------------------------
+# the event stream and tried_regions: one aggregation, two readers
+
+STREAM_INTERVALS = Intervals(sample_us=20_000, aggr_us=2_000_000, update_us=1_000_000)
+# Stream snapshots to look through for the tried-regions aggregation: DAMON fills tried regions
+# at the first or (if the request came in mid-boundary) the second apply after the request.
+FOLLOWING = 3
+
+
+def test_event_stream_and_tried_regions_describe_the_same_aggregation() -> None:
+    """Our vaddr kdamond applies its `stat` scheme and emits its damon_aggregated events at the
+    same aggregation boundary, after the regions were merged and before they are reset: the
+    scheme's tried_regions and that aggregation's events are the same regions with the same
+    nr_accesses and age. `OwnedKdamond.snapshot()` asks for tried regions right after a stream
+    snapshot arrived, so DAMON fills them at one of the next boundaries; the stream's following
+    snapshots (kept in the instance's buffer meanwhile) must include that very aggregation.
+    With a 2 s aggregation interval the kdamond's work at a boundary (milliseconds) cannot
+    straddle two of them, even under TCG."""
+    hotcold = subprocess.Popen([HOTCOLD, "--hot", "64M", "--cold", "256M", "--seconds", "600"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        hc = HotCold(hotcold.stdout.readline())
+        with start_vaddr(hc.pid, STREAM_INTERVALS, 10, 200) as kd:
+            assert kd.kdamond_pid is not None
+            with AggregatedEventStream(
+                    kd.kdamond_pid, sample_us=STREAM_INTERVALS.sample_us,
+                    aggr_us=STREAM_INTERVALS.aggr_us, target_pids=hc.pid,
+                    max_nr_regions=200) as stream:
+                instance = stream.instance
+                assert instance is not None and instance.exists()
+                wait_s = 3 * STREAM_INTERVALS.aggr_us / 1e6 + 5
+                matches = []
+                for _ in range(3):
+                    assert stream.next_snapshot(timeout_s=wait_s) is not None, "no snapshot"
+                    tried = kd.snapshot()
+                    matches.append(find_in_stream(tried, stream, wait_s, hc))
+            assert not instance.exists(), "the stream's tracefs instance outlived close()"
+    finally:
+        hotcold.kill()
+        hotcold.wait()
+    print(f"tried_regions matched the stream's next snapshot number {matches}")
+
+
+def find_in_stream(tried: Snapshot, stream: AggregatedEventStream, wait_s: float,
+                   hc: HotCold) -> int:
+    """Which of the stream's next snapshots (1-based, at most FOLLOWING) is exactly the
+    tried_regions snapshot: same regions, nr_accesses and ages."""
+    assert tried.pid == hc.pid
+    assert tried.regions, "tried_regions empty"
+    key = [(r.start, r.end, r.nr_accesses, r.age) for r in tried.regions]
+    seen = []
+    for i in range(1, FOLLOWING + 1):
+        s = stream.next_snapshot(timeout_s=wait_s)
+        assert s is not None, f"the stream delivered no snapshot within {wait_s} s"
+        assert s.pid == hc.pid
+        if [(r.start, r.end, r.nr_accesses, r.age) for r in s.regions] == key:
+            # The aggregation they share is a live picture: both buffers covered, the hot one
+            # seen accessed.
+            for rng in (hc.hot, hc.cold):
+                assert sum(r.range.overlap(rng) for r in s.regions_in(rng)) == rng.size
+            assert max(r.nr_accesses for r in s.regions_in(hc.hot)) > 0
+            return i
+        seen.append(s)
+    detail = "\n".join(
+        f"stream +{i}: {len(s.regions)} regions, {s.total_bytes} B, accesses "
+        f"{sum(r.nr_accesses for r in s.regions)}" for i, s in enumerate(seen, 1))
+    pytest.fail(f"no stream snapshot equals tried_regions ({len(tried.regions)} regions, "
+                f"{tried.total_bytes} B, accesses {sum(r.nr_accesses for r in tried.regions)})"
+                f":\n{detail}")
