@@ -147,6 +147,34 @@ def managing_agent(target_pid: int, target_start: int | None) -> dict[str, Any] 
     return None
 
 
+def describe_agent(rec: dict[str, Any]) -> str:
+    since = time.strftime("%H:%M:%S", time.localtime(rec.get("since") or 0))
+    if rec.get("rule") is not None:
+        return f"damon-hpd pid {rec.get('agent_pid')} (rule {rec['rule']}, since {since})"
+    return f"damon-hp agent pid {rec.get('agent_pid')} ({rec.get('mode')}, since {since})"
+
+
+def how_to_free(rec: dict[str, Any]) -> str:
+    """What lets go of the process: the daemon runs on for its other processes."""
+    pid = rec.get("agent_pid")
+    if rec.get("rule") is not None:
+        return (f"Exclude the process in damon-hpd's config and reload it (kill -HUP {pid}) "
+                "first")
+    return f"Stop that agent first (kill {pid})"
+
+
+def claim_managed(rec: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """The daemon's claim of one process: write `rec` (which names target_pid and
+    target_start_ticks) at `path`, unless a live agent manages that process; then return that
+    agent's record and write nothing. Under the same lock as `claim_target`, so a process is
+    taken by the daemon or by run/attach, never both."""
+    with _run_dir_locked():
+        other = managing_agent(rec["target_pid"], rec["target_start_ticks"])
+        if other is None:
+            write_status(rec, path=path)
+        return other
+
+
 def claim_target(target_pid: int, mode: str, command: list[str]) -> None:
     """Write our status record naming the target, or refuse (exit 2) if a live agent manages it.
 
@@ -159,11 +187,9 @@ def claim_target(target_pid: int, mode: str, command: list[str]) -> None:
         other = managing_agent(target_pid, target_start)
         if other is not None:
             raise EnvironmentProblem(
-                f"damon-hp {mode}: process {target_pid} is already managed by damon-hp agent "
-                f"pid {other.get('agent_pid')} ({other.get('mode')}, since "
-                f"{time.strftime('%H:%M:%S', time.localtime(other.get('since') or 0))}); two "
-                f"agents on one process would fight over its memory. Stop that agent first "
-                f"(kill {other.get('agent_pid')}), or see damon-hp status"
+                f"damon-hp {mode}: process {target_pid} is already managed by "
+                f"{describe_agent(other)}; two agents on one process would fight over its "
+                f"memory. {how_to_free(other)}, or see damon-hp status"
             )
         _claimed.clear()
         _claimed.update(target_pid=target_pid, target_start_ticks=target_start)

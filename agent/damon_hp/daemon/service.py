@@ -131,7 +131,8 @@ class Service:
         self.json_path = json_path
         self.source: sources.ReverseMappedSource | None = None
         self.managed: dict[int, Managed] = {}
-        self.refused: set[tuple[int, int]] = set()  # (pid, start ticks) not to try again
+        # (pid, start ticks) another agent manages: said once, tried again every scan
+        self.refused: set[tuple[int, int]] = set()
         self.stop_signal: int | None = None
         self.reload_wanted = False
         self.rounds: list[dict[str, Any]] = []
@@ -259,6 +260,7 @@ class Service:
             p = alive.get(pid)
             if m.target.exited() or p is None or p.start_ticks != m.info.start_ticks:
                 self._release(pid, "exited")
+        self.refused &= {(p.pid, p.start_ticks) for p in procs}
         chosen = selection.select(procs, self.config)
         for pid, m in list(self.managed.items()):
             rule = chosen.get(pid)
@@ -272,22 +274,38 @@ class Service:
 
     def _manage(self, info: selection.ProcessInfo, rule: str) -> None:
         key = (info.pid, info.start_ticks)
-        if key in self.refused:
-            return
-        other = status_records.managing_agent(info.pid, info.start_ticks)
-        if other is not None:
-            self.refused.add(key)
-            log(f"not managing pid {info.pid} ({info.comm}): damon-hp agent pid "
-                f"{other.get('agent_pid')} manages it already")
-            return
         try:
             target = actuate.Target.open(info.pid)
         except EnvironmentProblem:
             return  # gone meanwhile
-        self.managed[info.pid] = Managed(info, rule, self.params, target)
+        m = Managed(info, rule, self.params, target)
+        try:
+            # Huge pages it has already (a daemon killed before us, an agent that let go)
+            # count against the budget from the first round, before any of ours is admitted.
+            m.huge_bytes = m.files.rollup().get("AnonHugePages")
+        except procfs.ProcessGone:
+            m.close()
+            return
+        try:
+            other = status_records.claim_managed(self._status_record(m),
+                                                 status_records.status_path(os.getpid(), m.pid))
+        except (OSError, EnvironmentProblem) as e:
+            m.close()
+            log(f"not managing pid {info.pid} ({info.comm}): cannot write its status record, "
+                f"which keeps other agents off it: {e}")
+            return
+        if other is not None:
+            m.close()
+            if key not in self.refused:
+                self.refused.add(key)
+                log(f"not managing pid {info.pid} ({info.comm}): "
+                    f"{status_records.describe_agent(other)} manages it already; taking it "
+                    "when that agent lets go")
+            return
+        self.refused.discard(key)
+        self.managed[info.pid] = m
         self.totals["managed_ever"] += 1
         log(f"managing pid {info.pid} (rule {rule}): {info.command[:120]}")
-        self._write_status(self.managed[info.pid])
 
     def _release(self, pid: int, why: str, quiet: bool = False) -> None:
         m = self.managed.pop(pid)
@@ -311,7 +329,6 @@ class Service:
             log(f"reload: source {new.source} needs a restart; keeping {self.config.source}")
             new = dataclasses.replace(new, source=self.config.source)
         self.config = new
-        self.refused.clear()
         log(f"reloaded {new.path}: {len(new.include)} rules, {len(new.exclude)} exclude rules, "
             f"budget {report.fmt_bytes(self.budget_bytes) if new.budget else 'none'}")
         self.rescan()
@@ -400,31 +417,35 @@ class Service:
 
     # -- reporting -----------------------------------------------------------------------
 
-    def _write_status(self, m: Managed) -> None:
+    def _status_record(self, m: Managed) -> dict[str, Any]:
         assert self.source is not None
+        return {
+            "agent_pid": os.getpid(),
+            "agent_start_ticks": ownership.process_start_ticks(os.getpid()),
+            "mode": f"daemon (rule {m.rule})",
+            "rule": m.rule,
+            "target_pid": m.pid,
+            "target_start_ticks": m.info.start_ticks,
+            "command": list(m.info.cmdline),
+            "since": m.since,
+            "source": self.source.info(),
+            "kdamond_pid": self.source.kdamond_pid,
+            "snapshots": m.snapshots,
+            "promotions": m.collapses,
+            "promoted_bytes": m.state.promoted_bytes,
+            "collapsed_bytes": m.collapsed_bytes,
+            "demotions": 0,
+            "anon_huge_bytes": m.huge_bytes,
+            "hot_bytes": m.hot_bytes,
+            "held_by_budget": m.held_by_budget,
+            "budget_bytes": self.budget_bytes,
+            "updated": time.time(),
+        }
+
+    def _write_status(self, m: Managed) -> None:
         try:
-            status_records.write_status({
-                "agent_pid": os.getpid(),
-                "agent_start_ticks": ownership.process_start_ticks(os.getpid()),
-                "mode": f"daemon (rule {m.rule})",
-                "rule": m.rule,
-                "target_pid": m.pid,
-                "target_start_ticks": m.info.start_ticks,
-                "command": list(m.info.cmdline),
-                "since": m.since,
-                "source": self.source.info(),
-                "kdamond_pid": self.source.kdamond_pid,
-                "snapshots": m.snapshots,
-                "promotions": m.collapses,
-                "promoted_bytes": m.state.promoted_bytes,
-                "collapsed_bytes": m.collapsed_bytes,
-                "demotions": 0,
-                "anon_huge_bytes": m.huge_bytes,
-                "hot_bytes": m.hot_bytes,
-                "held_by_budget": m.held_by_budget,
-                "budget_bytes": self.budget_bytes,
-                "updated": time.time(),
-            }, path=status_records.status_path(os.getpid(), m.pid))
+            status_records.write_status(self._status_record(m),
+                                        path=status_records.status_path(os.getpid(), m.pid))
         except OSError:
             pass  # status is a convenience; never let it stop the daemon
 

@@ -1,0 +1,161 @@
+"""What the daemon's host tests share: hotcold copies under unique paths (so the rules select
+only this test's processes, never another engineer's), a damon-hpd process with a private run
+directory, `damon-hp status --json` as the user sees it, and the leftovers to look for.
+
+Everything here waits on what the daemon says or writes (its log, its status records), with
+deadlines generous for a loaded 2-core host; nothing waits on the passive source seeing a hot
+set, whose timing is the foreign kdamond's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+HOTCOLD = ROOT / "workloads/bin/hotcold"
+ADMIN = Path("/sys/kernel/mm/damon/admin")
+INSTANCES = Path("/sys/kernel/tracing/instances")
+MIB = 1 << 20
+START_S = 60.0  # the daemon's start and first scan: seconds here, more on a loaded host
+
+
+def foreign_kdamond_running() -> bool:
+    return any((ADMIN / "kdamonds").glob("[0-9]*"))
+
+
+def running_kdamonds() -> set[str]:
+    out = set()
+    for d in (ADMIN / "kdamonds").glob("[0-9]*"):
+        try:
+            if (d / "state").read_text().strip() == "on":
+                out.add((d / "pid").read_text().strip())
+        except OSError:
+            continue
+    return out
+
+
+def instances_of(pid: int) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(INSTANCES) if n.startswith(f"damon-hp-{pid}-"))
+    except FileNotFoundError:
+        return []
+
+
+def anon_huge(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def wait_for(what: str, ok: Callable[[], object], timeout_s: float,
+             every_s: float = 0.3) -> float:
+    """Seconds it took until ok() was true; fails after timeout_s."""
+    t0 = time.monotonic()
+    while not ok():
+        assert time.monotonic() - t0 < timeout_s, f"timed out after {timeout_s} s: {what}"
+        time.sleep(every_s)
+    return time.monotonic() - t0
+
+
+class Workloads:
+    """hotcold copies named `names` in `folder`; every one started is killed by `stop_all`."""
+
+    def __init__(self, folder: Path, names: list[str]) -> None:
+        self.folder = folder
+        for name in names:
+            shutil.copy(HOTCOLD, folder / name)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, key: str, exe: str, hot: str, cold: str, threads: int = 1,
+              seconds: int = 150) -> int:
+        self.procs[key] = subprocess.Popen(
+            [str(self.folder / exe), "--hot", hot, "--cold", cold, "--threads", str(threads),
+             "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
+        return self.procs[key].pid
+
+    def pid(self, key: str) -> int:
+        return self.procs[key].pid
+
+    def hot_range(self, key: str) -> tuple[int, int]:
+        """The hot region hotcold reports on its first line (once its pages are written)."""
+        p = self.procs[key]
+        assert p.stdout is not None
+        hot = json.loads(p.stdout.readline())["hot"]
+        return hot["start"], hot["end"]
+
+    def stop(self, key: str) -> None:
+        p = self.procs[key]
+        p.kill()
+        p.wait()
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            p.kill()
+            p.wait()
+
+
+class Daemon:
+    """One damon-hpd; its stderr (the journal under systemd) goes to a file we can reread."""
+
+    def __init__(self, config: Path, run_dir: Path, log: Path,
+                 json_path: Path | None = None) -> None:
+        self.env = {**os.environ, "DAMON_HP_RUN_DIR": str(run_dir)}
+        self.run_dir = run_dir
+        self.log_path = log
+        args = [str(BIN / "damon-hpd"), "--config", str(config)]
+        if json_path is not None:
+            args += ["--json", str(json_path)]
+        with open(log, "a") as err:
+            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=err, env=self.env,
+                                         cwd=ROOT, start_new_session=True)
+        self.pid = self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def running(self) -> bool:
+        assert self.proc.poll() is None, f"damon-hpd exited early:\n{self.log()}"
+        return True
+
+    def managed(self) -> set[int]:
+        """Target pids `damon-hp status --json` shows under this daemon."""
+        self.running()
+        return {r["target_pid"] for r in status(self.env)
+                if r.get("agent_pid") == self.pid and r.get("alive")}
+
+    def wait_managing(self, pids: set[int], timeout_s: float = START_S) -> float:
+        return wait_for(f"damon-hpd {self.pid} to manage {sorted(pids)}",
+                        lambda: pids <= self.managed(), timeout_s)
+
+    def records(self) -> list[Path]:
+        return sorted(self.run_dir.glob(f"agent-{self.pid}-*.json"))
+
+    def terminate(self, timeout_s: float = 30) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def status(env: dict[str, str]) -> list[dict]:
+    st = subprocess.run([str(BIN / "damon-hp"), "status", "--json"], capture_output=True,
+                        text=True, env=env, timeout=60)
+    assert st.returncode == 0, st.stderr
+    return json.loads(st.stdout)["agents"]
