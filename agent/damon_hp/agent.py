@@ -46,6 +46,10 @@ CPU_EVERY_S = 2.0
 # collapsed; with 3 over 12 s, 19 MiB (0.6 % of the cold bytes).
 REVERSE_MAPPED_MIN_SNAPSHOTS = 3
 REVERSE_MAPPED_MIN_AGGRS = 2.0
+# ... and the streak's access frequencies must add up to one aggregation's worth of a fully
+# busy range (policy.PolicyParams.promote_evidence_pct, with the measurements): cold ranges
+# beside busy frames flicker at a few % to 30 %, hot ones climb to 100 % as DAMON splits.
+REVERSE_MAPPED_MIN_EVIDENCE_PCT = 100.0
 
 
 def streak_for_source(params: policy.PolicyParams, source: str,
@@ -57,7 +61,8 @@ def streak_for_source(params: policy.PolicyParams, source: str,
         params,
         promote_after_snapshots=max(params.promote_after_snapshots,
                                     REVERSE_MAPPED_MIN_SNAPSHOTS),
-        promote_after_s=max(params.promote_after_s, REVERSE_MAPPED_MIN_AGGRS * aggr_us / 1e6))
+        promote_after_s=max(params.promote_after_s, REVERSE_MAPPED_MIN_AGGRS * aggr_us / 1e6),
+        promote_evidence_pct=max(params.promote_evidence_pct, REVERSE_MAPPED_MIN_EVIDENCE_PCT))
 
 
 def _cpu_self_s() -> float:
@@ -114,8 +119,9 @@ class Agent:
         if self.params != self.opts.params:
             self.report.notes.append(
                 f"{self.source.name} source: promotion needs {self.params.promote_after_snapshots}"
-                f" hot snapshots over {self.params.promote_after_s:g} s (physical regions "
-                "mix frames of hot and cold pages until DAMON has split them)")
+                f" hot snapshots over {self.params.promote_after_s:g} s whose access "
+                f"frequencies add up to {self.params.promote_evidence_pct:g} % (physical "
+                "regions mix frames of hot and cold pages, of every process)")
         owned = self.source.owned
         if owned is not None and owned.autotuned:
             self.report.notes.append("DAMON interval auto-tuning is on (intervals_goal)")

@@ -185,6 +185,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     pol.add_argument("--promote-after-s", type=_non_negative_float, default=d.promote_after_s,
                      metavar="S", help="... spanning at least this many seconds (default "
                      f"{d.promote_after_s:g}: a sequential pass through memory is not hot memory)")
+    pol.add_argument("--promote-evidence", type=_non_negative_float,
+                     default=d.promote_evidence_pct, metavar="PCT",
+                     help="... whose access frequencies (%% of the maximum) add up to at least "
+                     f"PCT (default {d.promote_evidence_pct:g}; physical sources use at least "
+                     "100: their regions mix frames of hot and cold pages)")
     pol.add_argument("--demote-after", type=_non_negative_float, default=d.demote_after_s,
                      metavar="S", help="seconds a promoted range must stay cold before it is "
                      f"marked MADV_NOHUGEPAGE (default {d.demote_after_s:g})")
@@ -237,6 +242,7 @@ def options_from_args(args: argparse.Namespace) -> AgentOptions:
             hot_access_pct=args.hot_pct,
             min_hot_age_s=args.min_age_s,
             promote_after_snapshots=args.promote_after,
+            promote_evidence_pct=args.promote_evidence,
             promote_after_s=args.promote_after_s,
             demote_after_s=args.demote_after,
             demote_blind_after_s=args.demote_blind_after,
