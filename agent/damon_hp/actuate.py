@@ -12,11 +12,18 @@
   address filters (MADV_HUGEPAGE and MADV_NOHUGEPAGE cannot be applied to another process except
   by DAMOS), and `collapse_scheme` the DAMOS `collapse` scheme of Linux 7.2+.
   The DAMON layer's `OwnedKdamond.set_schemes` installs them.
+- A `hugepage` mark can undo a collapse: DAMOS madvises one DAMON region at a time, and region
+  boundaries fall anywhere (4 KiB granularity), so the first MADV_HUGEPAGE on a range splits its
+  VMA inside 2 MiB ranges, and splitting a VMA splits the PMD mapping there (the huge page stays,
+  mapped by 512 PTEs: no longer AnonHugePages, no TLB gain). Ranges huge when their mark was
+  committed are therefore watched until their VMA shows VM_HUGEPAGE -- after that the mark
+  changes no flag and splits nothing -- and re-collapsed if they lost their PMD meanwhile.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import os
 import select
@@ -28,7 +35,20 @@ from typing import Any, Protocol
 from damon_hp.damon.model import Scheme, SchemeStats
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.policy import Decision
-from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, coalesce, huge_range
+from damon_hp.ranges import (
+    HUGE_PAGE_BYTES,
+    AddrRange,
+    coalesce,
+    huge_range,
+    huge_starts,
+    inside_any,
+)
+
+# A mark the kdamond has not applied within this long is not watched any more (each watch costs
+# an smaps read, which walks the target's page tables). Schemes with address filters are applied
+# every sampling interval, so a mark lands within milliseconds of its commit even when DAMON's
+# aggregation runs for seconds; a minute covers a stalled, emulated, loaded machine.
+MARK_WATCH_MAX_S = 60.0
 
 # Syscall numbers of the generic table, the same on x86-64 and arm64.
 SYS_PIDFD_OPEN = 434
@@ -200,6 +220,7 @@ class HugeMap(Protocol):
 
     def huge_regions_in(self, ranges: Iterable[AddrRange]) -> list[AddrRange]: ...
     def huge_bytes_in(self, ranges: Iterable[AddrRange]) -> int: ...
+    def flagged_in(self, ranges: Iterable[AddrRange], flag: str) -> list[AddrRange]: ...
 
 
 @dataclass(frozen=True)
@@ -227,6 +248,9 @@ class Applied:
     """outcomes of ranges handed to the DAMOS collapse action a snapshot earlier"""
     demotions: list[ActionResult] = field(default_factory=list)
     """ranges added to the MADV_NOHUGEPAGE scheme (applied by the kdamond: no time to measure)"""
+    recollapses: list[ActionResult] = field(default_factory=list)
+    """promoted ranges collapsed again because their MADV_HUGEPAGE mark split the PMD (see the
+    module docstring); not promotions, and not outcomes for the policy: it holds them promoted"""
     commit: SchemeCommit | None = None
 
     @property
@@ -239,7 +263,8 @@ class Applied:
 
     def action_records(self) -> list[dict[str, Any]]:
         """One dict per action, for the report (without the time stamp)."""
-        recs = [r.to_dict() for r in (*self.damos_collapses, *self.collapses, *self.demotions)]
+        recs = [r.to_dict() for r in (*self.damos_collapses, *self.collapses, *self.recollapses,
+                                      *self.demotions)]
         if self.commit is not None:
             recs.append(self.commit.to_dict())
         return recs
@@ -264,6 +289,9 @@ class Actuator:
         self.installed: tuple[Scheme, ...] = ()
         self.pending_damos: dict[int, float] = {}
         self.damos_totals: dict[str, dict[str, int]] = {}
+        self.unsettled: dict[int, float] = {}
+        """range -> when its MADV_HUGEPAGE mark was committed: huge then, mark not yet seen in
+        its VMA, so the kdamond may still split its PMD (see the module docstring)"""
 
     @property
     def marks_unavailable(self) -> bool:
@@ -275,6 +303,7 @@ class Actuator:
         if self.dry_run:
             return applied
         applied.damos_collapses = self._check_damos_collapses(now_s)
+        applied.recollapses = self._repair_mark_splits(now_s)
         if decision.promote:
             if self.damos_collapse:
                 for start in decision.promote:
@@ -288,7 +317,7 @@ class Actuator:
                 ActionResult("nohugepage", s, s + HUGE_PAGE_BYTES, HUGE_PAGE_BYTES, None, 0.0)
                 for s in decision.demote
             ]
-        applied.commit = self._install_schemes(decision)
+        applied.commit = self._install_schemes(decision, now_s)
         return applied
 
     def _already_huge(self, starts: Sequence[int]) -> tuple[int, ...]:
@@ -312,7 +341,42 @@ class Actuator:
                                     None if ok else "NOT_COLLAPSED", 0.0))
         return out
 
-    def _install_schemes(self, decision: Decision) -> SchemeCommit | None:
+    def _hugepage_marked(self) -> tuple[AddrRange, ...]:
+        """The ranges our installed `hugepage` scheme covers."""
+        return next((sc.addr_filters for sc in self.installed if sc.action == "hugepage"), ())
+
+    def _huge_among_new_marks(self, marks: Sequence[AddrRange]) -> list[int]:
+        """Ranges of `marks` not marked yet that are PMD-mapped now: the ones a mark may split."""
+        before = self._hugepage_marked()
+        added = [s for r in marks for s in huge_starts(r) if not inside_any(s, before)]
+        if not added:
+            return []
+        try:
+            huge = self.memory.huge_regions_in(coalesce(added))
+        except DamonHpError:  # no PAGEMAP_SCAN: a split cannot be told from never huge
+            return []
+        return [s for s in added if any(h.contains(huge_range(s)) for h in huge)]
+
+    def _repair_mark_splits(self, now_s: float) -> list[ActionResult]:
+        """Re-collapse watched ranges whose mark has landed and split their PMD on the way."""
+        marked = self._hugepage_marked()
+        for start in [s for s, t in self.unsettled.items()
+                      if not inside_any(s, marked) or now_s - t > MARK_WATCH_MAX_S]:
+            del self.unsettled[start]
+        if not self.unsettled:
+            return []
+        ranges = coalesce(self.unsettled)
+        # Flags first, then the page table: a split between the two reads leaves the range
+        # unsettled for the next snapshot instead of settled but unseen.
+        landed = self.memory.flagged_in(ranges, "hg")
+        huge = self.memory.huge_regions_in(ranges)
+        settled = [s for s in self.unsettled if any(m.contains(huge_range(s)) for m in landed)]
+        split = [s for s in settled if not any(h.contains(huge_range(s)) for h in huge)]
+        for start in settled:
+            del self.unsettled[start]
+        return [dataclasses.replace(r, action="recollapse") for r in collapse(self.target, split)]
+
+    def _install_schemes(self, decision: Decision, now_s: float) -> SchemeCommit | None:
         if self.scheme_host is None:
             return None
         schemes = mark_schemes(decision.hugepage_marks, decision.nohugepage_marks)
@@ -322,6 +386,8 @@ class Actuator:
         wanted = tuple(schemes)
         if wanted == self.installed:
             return None
+        # Read before the commit: the kdamond may apply the new mark before we could look.
+        watch = self._huge_among_new_marks(decision.hugepage_marks)
         self.fold_scheme_stats()  # a commit restarts the kernel's counters
         t0 = time.monotonic()
         error = None
@@ -337,6 +403,7 @@ class Actuator:
             error = str(e)
         if error is None:
             self.installed = wanted
+            self.unsettled.update(dict.fromkeys(watch, now_s))
         return SchemeCommit({sc.action: sum(a.size for a in sc.addr_filters) for sc in wanted},
                             error, time.monotonic() - t0)
 

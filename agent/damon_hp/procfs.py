@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from damon_hp.errors import DamonHpError
-from damon_hp.ranges import AddrRange
+from damon_hp.ranges import AddrRange, intersect, merge_adjacent
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -474,7 +474,7 @@ class ProcessFiles:
 
     # Opening these pins the process's address space of that moment (mm): after an exec they
     # show the old, dead one, empty. status and stat follow the task and stay valid.
-    _MM_BOUND = ("maps", "smaps_rollup", "pagemap")
+    _MM_BOUND = ("maps", "smaps", "smaps_rollup", "pagemap")
 
     def maps(self) -> list[Mapping]:
         """VMAs; ProcessGone once the process has no memory left (exited, maybe unreaped).
@@ -512,6 +512,15 @@ class ProcessFiles:
     def huge_regions_in(self, ranges: Iterable[AddrRange]) -> list[AddrRange]:
         """The parts of `ranges` mapped by PMD huge pages."""
         return _scan_huge_regions(self._fd("pagemap"), f"/proc/{self.pid}/pagemap", ranges)
+
+    def flagged_in(self, ranges: Iterable[AddrRange], flag: str) -> list[AddrRange]:
+        """The parts of `ranges` in VMAs whose smaps VmFlags carry `flag` (hg: MADV_HUGEPAGE).
+
+        smaps walks the page tables of every VMA: for occasional checks, not every snapshot.
+        """
+        flagged = merge_adjacent(m.range for m in parse_smaps(self._text("smaps"))
+                                 if flag in m.vm_flags)
+        return intersect(ranges, flagged)
 
     def close(self) -> None:
         for fd in self._fds.values():

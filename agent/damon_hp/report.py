@@ -111,6 +111,8 @@ class RunReport:
     snapshot_errors: int = 0
     scheme_errors: int = 0
     collapse: CollapseTally = field(default_factory=CollapseTally)
+    recollapse: CollapseTally = field(default_factory=CollapseTally)
+    """promoted ranges collapsed again after their MADV_HUGEPAGE mark split the PMD"""
     demotions: int = 0
     demoted_bytes: int = 0
     peak_huge_bytes: int | None = None
@@ -164,6 +166,8 @@ class RunReport:
             self.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds)
         for r in applied.collapses:
             entry.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds)
+        for r in applied.recollapses:
+            self.recollapse.add(r.error is None, r.bytes_done, r.error, r.seconds)
         entry.collapse.already_huge += len(applied.adopted)
         self.collapse.already_huge += len(applied.adopted)
         self.demotions += len(applied.demotions)
@@ -195,6 +199,7 @@ class RunReport:
             "promotions": self.collapse.ok,
             "promoted_bytes": self.collapse.bytes,
             "collapse": self.collapse.to_dict(),
+            "recollapse": self.recollapse.to_dict(),
             "demotions": self.demotions,
             "demoted_bytes": self.demoted_bytes,
             "peak_anon_huge_bytes": self.peak_huge_bytes,
@@ -265,6 +270,8 @@ def format_table(r: RunReport) -> str:
         ("promotions", f"{c.ok} ({fmt_bytes(c.bytes)}) in {fmt_seconds(c.seconds)}"
          + (f"; {c.already_huge} chosen ranges were huge already" if c.already_huge else "")),
         ("failed collapses", f"{c.tried - c.ok}: {failures}"),
+        *([("re-collapsed after marks", f"{r.recollapse.ok} of {r.recollapse.tried} (PMDs a "
+            "MADV_HUGEPAGE mark split)")] if r.recollapse.tried else []),
         ("demotions", f"{r.demotions} ({fmt_bytes(r.demoted_bytes)})"),
         ("AnonHugePages peak/final", _pair(r.peak_huge_bytes, r.final_huge_bytes)),
         ("RSS peak/final", _pair(r.peak_rss_bytes, r.final_rss_bytes)),

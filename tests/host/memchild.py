@@ -2,6 +2,8 @@
 
 Run as `python memchild.py MIB [nohuge]`; prints {"start": A, "end": B, "pid": P} once the buffer
 is populated, then waits until its stdin closes. With `nohuge` the buffer is MADV_NOHUGEPAGE.
+Meanwhile each stdin line `madvise START LENGTH ADVICE` (decimal) is madvise(2) done by the child
+itself, as a DAMOS action is done on the target's own mm; the child answers `ok` or `errno N`.
 """
 
 import ctypes
@@ -26,7 +28,13 @@ def main() -> None:
     for off in range(start - base, start - base + size, 4096):
         buf[off] = 1
     print(json.dumps({"pid": os.getpid(), "start": start, "end": start + size}), flush=True)
-    sys.stdin.read()
+    libc = ctypes.CDLL(None, use_errno=True)
+    for line in sys.stdin:
+        verb, *args = line.split()
+        if verb == "madvise":
+            addr, length, advice = map(int, args)
+            failed = libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), advice)
+            print(f"errno {ctypes.get_errno()}" if failed else "ok", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ from damon_hp import actuate, procfs
 from damon_hp.damon.model import SchemeStats
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.policy import Decision
-from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
+from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, huge_range
 
 CHILD = Path(__file__).with_name("memchild.py")
+MADV_HUGEPAGE = 14
 
 
 class Child:
@@ -33,6 +34,12 @@ class Child:
         self.pid: int = info["pid"]
         self.start: int = info["start"]
         self.end: int = info["end"]
+
+    def madvise(self, start: int, length: int, advice: int) -> None:
+        """madvise(2) by the child on its own memory, as the kdamond does for a DAMOS action."""
+        self.proc.stdin.write(f"madvise {start} {length} {advice}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
 
     def stop(self) -> None:
         self.proc.stdin.close()
@@ -224,3 +231,29 @@ def test_actuator_installs_marks_once_and_retries_a_busy_commit(child: Child) ->
         act.fold_scheme_stats()
     assert [r.action for r in busy.demotions] == ["nohugepage"]
     assert act.damos_totals == {"nohugepage": {"nr_applied": 1, "sz_applied": HUGE_PAGE_BYTES}}
+
+
+def test_a_hugepage_mark_that_splits_a_collapsed_range_gets_it_collapsed_again(
+        child: Child) -> None:
+    first, second = child.start, child.start + HUGE_PAGE_BYTES
+    both = AddrRange(first, second + HUGE_PAGE_BYTES)
+    marked = _decision(huge_marks=[both])
+    with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
+        act = actuate.Actuator(target, files, _SchemeHost())
+        promoted = act.apply(_decision(promote=[first, second], huge_marks=[both]), 1.0)
+        assert [r.error for r in promoted.collapses] == [None, None]
+        # The mark is committed but the kdamond has not applied it yet: nothing to repair.
+        assert act.apply(marked, 2.0).recollapses == []
+        # The kdamond madvises region by region; a DAMON region boundary 1 MiB into `first`
+        # splits the VMA there, and with it the PMD: the huge page is PTE-mapped now.
+        child.madvise(first, HUGE_PAGE_BYTES // 2, MADV_HUGEPAGE)
+        child.madvise(first + HUGE_PAGE_BYTES // 2, 3 * HUGE_PAGE_BYTES // 2, MADV_HUGEPAGE)
+        assert files.huge_regions_in([both]) == [huge_range(second)]
+        repaired = act.apply(marked, 3.0)
+        assert [(r.action, r.start, r.error) for r in repaired.recollapses] == [
+            ("recollapse", first, None)]
+        assert repaired.outcomes == {}  # promoted already: nothing new for the policy
+        assert files.huge_bytes_in([both]) == both.size
+        assert files.flagged_in([both], "hg") == [both]
+        # Settled: the mark changes no flag any more, so nothing is watched or re-read.
+        assert act.unsettled == {} and act.apply(marked, 4.0).recollapses == []
