@@ -5,7 +5,9 @@
  * run is a sequence of timed phases; in phase i every thread reads random cache lines of region
  * i mod N only, so the hot set jumps from region to region and the previous one goes cold. Each
  * phase's range and its start time are printed as a JSON line the moment the switch happens, so
- * a scorer can line DAMON's snapshots up against the truth. No madvise here.
+ * a scorer can line DAMON's snapshots up against the truth. SIGUSR1 ends the current phase at
+ * once, so a test can move the hot set when it has seen what it waits for, not on a timer. No
+ * madvise here.
  */
 #include <getopt.h>
 #include <stdatomic.h>
@@ -39,6 +41,7 @@ static void usage(FILE *f)
 		"  --phase-seconds S  length of a phase, fractions allowed, > 0 (default 5)\n"
 		"  --phases M         number of phases (default N; 0 = cycle until SIGINT/SIGTERM)\n"
 		"  --threads T        reader threads, 1..1024 (default 1)\n"
+		"  SIGUSR1 ends the current phase early; SIGINT/SIGTERM end the run.\n"
 		"stdout, one JSON object per line:\n"
 		"  at start:  {\"pid\":P,\"regions\":[{\"start\":A,\"end\":B},...]}\n"
 		"  per phase: {\"phase\":I,\"region\":R,\"start\":A,\"end\":B,\"t_mono\":S,\"t_wall\":W}\n"
@@ -120,6 +123,9 @@ int main(int argc, char **argv)
 
 	sigset_t stopset;
 	mb_block_stop_signals(&stopset);
+	/* Blocked before the workers start, so that only the main thread's sigtimedwait takes it. */
+	sigaddset(&stopset, SIGUSR1);
+	pthread_sigmask(SIG_BLOCK, &stopset, NULL);
 
 	uint64_t **regions = calloc((size_t)nregions, sizeof(*regions));
 	struct worker *w = calloc((size_t)threads, sizeof(*w));
@@ -163,7 +169,12 @@ int main(int argc, char **argv)
 		       phase, r, (uintptr_t)regions[r], (uintptr_t)regions[r] + (uintptr_t)region_size,
 		       mono, wall);
 		fflush(stdout);
-		if ((sig = mb_wait_signal(&stopset, phase_seconds))) {
+		sig = mb_wait_signal(&stopset, phase_seconds);
+		if (sig == SIGUSR1) {
+			sig = 0;
+			continue;
+		}
+		if (sig) {
 			phase++;
 			break;
 		}
