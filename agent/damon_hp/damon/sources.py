@@ -188,18 +188,27 @@ class ReverseMappedSource(_Base):
 # choosing and opening
 
 
+# Tried on 6.18 (the CI host): process_madvise on another process accepts MADV_WILLNEED,
+# MADV_COLD, MADV_PAGEOUT and MADV_COLLAPSE, and refuses MADV_HUGEPAGE, MADV_NOHUGEPAGE and
+# MADV_DONTNEED with EINVAL. None of the accepted ones splits a huge page or keeps khugepaged off
+# a range, so without DAMOS a collapsed range stays huge until the process unmaps it or the
+# kernel splits it (reclaim, migration).
+NO_DEMOTION = ("no demotion: process_madvise cannot mark MADV_NOHUGEPAGE or split a huge page "
+               "of another process, so a collapsed range stays huge")
+
+
 def passive_limits(schemes: str) -> list[str]:
     return [
         "the foreign kdamond's intervals set how soon a hot set shows (several aggregations)",
         f"its own schemes ({schemes}) keep running; damon-hp never changes them",
         "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is "
-        "by collapse alone, demotion cannot mark MADV_NOHUGEPAGE",
+        f"by collapse alone; {NO_DEMOTION}",
     ]
 
 
 PADDR_LIMITS = [
     "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is by "
-    "collapse alone, demotion cannot mark MADV_NOHUGEPAGE",
+    f"collapse alone; {NO_DEMOTION}",
     "one kdamond watches all of physical memory; its regions are split among every process",
 ]
 

@@ -1,8 +1,4 @@
-"""Opt-in (run by path: .venv/bin/pytest tests/vm/sources_vm.py): committed by a helper after the
-last fresh-clone run started, and its auto case took 123 s of a 120 s-scale deadline on a
-loaded host; into the suite once it passed loaded fresh-clone runs.
-
-The access sources on a real DAMON (vm tier, system THP mode `never`): paddr, passive, and the
+"""The access sources on a real DAMON (vm tier, system THP mode `never`): paddr, passive, and the
 event stream against tried_regions.
 
 - paddr: damon-hp's own physical-memory kdamond, reverse-mapped onto hotcold, backs the hot
