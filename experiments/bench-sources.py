@@ -6,10 +6,12 @@ For every source that works where it runs (vaddr, paddr, passive; or those named
 hotcold's printed hot and cold ranges, wait for the run to end, and report from the JSON:
 
   agent CPU      the agent's own CPU time (user + system, RUSAGE_SELF, so not hotcold's) as
-                 % of one core over the agent's wall time; beside it, the wall time the agent
-                 spent inside MADV_COLLAPSE calls (the kernel copying the promoted memory,
-                 charged to the caller: a one-off per promoted range, not a cost of watching;
-                 wall time, so on a loaded machine it also holds time spent waiting for a CPU);
+                 % of one core over the agent's wall time; "watching" is that less the CPU
+                 spent inside MADV_COLLAPSE calls (thread CPU time around each call: the
+                 kernel copying the promoted memory, charged to the caller, a one-off per
+                 promoted range), i.e. the cost of reading DAMON and deciding; beside it, the
+                 wall time spent in those calls (on a loaded machine it also holds time spent
+                 waiting for a CPU);
   kdamond CPU    our kdamond's CPU time as % of one core over the same wall time (vaddr, paddr;
                  the agent samples it every 2 s, so up to the last 2 s are missing). A passive
                  source's kdamond is not ours: its CPU is its owner's cost ("not ours");
@@ -158,6 +160,7 @@ def one_run(source: str, args: argparse.Namespace, workdir: Path, rep: int) -> d
     cold = covered_at(d["actions"], cold_lo, cold_hi)
     t90 = next((started + t - ready for t, b in hot if b >= SHARE * (hot_hi - hot_lo)), None)
     wall = s["wall_s"]
+    copy_cpu = sum(s[k].get("cpu_seconds", 0.0) for k in ("collapse", "recollapse") if k in s)
     return {
         "source": s["source"]["name"],
         "kdamond": s["source"]["kdamond"],
@@ -167,6 +170,8 @@ def one_run(source: str, args: argparse.Namespace, workdir: Path, rep: int) -> d
         "agent_pct": 100 * s["agent_cpu_s"] / wall,
         "collapse_s": s["collapse"]["seconds"],
         "collapse_pct": 100 * s["collapse"]["seconds"] / wall,
+        "collapse_cpu_s": copy_cpu,
+        "watch_pct": 100 * (s["agent_cpu_s"] - copy_cpu) / wall,
         "kdamond_cpu_s": s["kdamond_cpu_s"],
         "kdamond_pct": (100 * s["kdamond_cpu_s"] / wall
                         if s["kdamond_cpu_s"] is not None else None),
@@ -237,10 +242,10 @@ def main() -> int:
             if foreign is not None:
                 foreign.stop()
 
-    print("\n| source | kdamond (sample/aggr) | agent CPU % of a core | in collapse calls "
-          "(wall %) | kdamond CPU % | agent+kdamond % | time to 90 % of hot huge (s) | "
-          "hot huge at end | cold huge |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| source | kdamond (sample/aggr) | agent CPU % of a core | of it watching | "
+          "in collapse calls (wall %) | kdamond CPU % | agent+kdamond % | "
+          "time to 90 % of hot huge (s) | hot huge at end | cold huge |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for kind in runs:
         rs = [r for r in results if r["source"] == kind]
         if not rs:
@@ -249,6 +254,7 @@ def main() -> int:
         total = [r["agent_pct"] + (r["kdamond_pct"] or 0) for r in rs]
         print(f"| {kind} | {rs[0]['kdamond']} ({iv[0] / 1000:g} ms/{iv[1] / 1000:g} ms) | "
               f"{fmt([r['agent_pct'] for r in rs], ' %', 2)} | "
+              f"{fmt([r['watch_pct'] for r in rs], ' %', 2)} | "
               f"{fmt([r['collapse_pct'] for r in rs], ' %', 2)} | "
               f"{fmt([r['kdamond_pct'] for r in rs], ' %', 2, 'not ours')} | "
               f"{fmt(total, ' %', 2)} | "

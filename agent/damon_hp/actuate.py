@@ -129,6 +129,9 @@ class ActionResult:
     bytes_done: int
     error: str | None  # errno name (EAGAIN, ENOMEM, EINVAL, ...) or None
     seconds: float
+    cpu_seconds: float = 0.0
+    """the agent thread's CPU time in the call: the kernel's copy (and compaction) is charged
+    to the caller; wall `seconds` also hold time spent waiting for a CPU"""
 
     def to_dict(self) -> dict:
         return {
@@ -138,6 +141,7 @@ class ActionResult:
             "bytes": self.bytes_done,
             "error": self.error,
             "seconds": round(self.seconds, 6),
+            "cpu_seconds": round(self.cpu_seconds, 6),
         }
 
 
@@ -167,13 +171,12 @@ def collapse(target: Target, starts: Iterable[int]) -> list[ActionResult]:
     """
     results = []
     for start in starts:
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.thread_time()
         done = process_madvise(target, start, HUGE_PAGE_BYTES, MADV_COLLAPSE)
-        seconds = time.monotonic() - t0
+        seconds, cpu = time.monotonic() - t0, time.thread_time() - cpu0
         error = None if done >= 0 else errno_name(-done)
-        results.append(
-            ActionResult("collapse", start, start + HUGE_PAGE_BYTES, max(done, 0), error, seconds)
-        )
+        results.append(ActionResult("collapse", start, start + HUGE_PAGE_BYTES, max(done, 0),
+                                    error, seconds, cpu))
         if done == -errno.ESRCH:
             break
     return results

@@ -27,11 +27,14 @@ class CollapseTally:
     bytes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the agent's CPU in those calls (the kernel's copy)
     already_huge: int = 0  # chosen ranges found PMD-mapped already: adopted, not collapsed
 
-    def add(self, ok: bool, nbytes: int, error: str | None, seconds: float) -> None:
+    def add(self, ok: bool, nbytes: int, error: str | None, seconds: float,
+            cpu_seconds: float = 0.0) -> None:
         self.tried += 1
         self.seconds += seconds
+        self.cpu_seconds += cpu_seconds
         if ok:
             self.ok += 1
             self.bytes += nbytes
@@ -46,6 +49,7 @@ class CollapseTally:
             "bytes": self.bytes,
             "errors": dict(sorted(self.errors.items())),
             "seconds": round(self.seconds, 6),
+            "cpu_seconds": round(self.cpu_seconds, 6),
             "already_huge": self.already_huge,
         }
 
@@ -163,11 +167,14 @@ class RunReport:
     def record_applied(self, applied: Applied, t_s: float, entry: TimelineEntry) -> None:
         """Fold what the actuator did after one snapshot into the totals and the action log."""
         for r in (*applied.damos_collapses, *applied.collapses):
-            self.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds)
+            self.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds,
+                              r.cpu_seconds)
         for r in applied.collapses:
-            entry.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds)
+            entry.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds,
+                              r.cpu_seconds)
         for r in applied.recollapses:
-            self.recollapse.add(r.error is None, r.bytes_done, r.error, r.seconds)
+            self.recollapse.add(r.error is None, r.bytes_done, r.error, r.seconds,
+                              r.cpu_seconds)
         entry.collapse.already_huge += len(applied.adopted)
         self.collapse.already_huge += len(applied.adopted)
         self.demotions += len(applied.demotions)
