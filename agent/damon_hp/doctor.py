@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from . import damon, kconfig
+from .damon.io import DamonBusy
+from .damon.status import detect_features
 from .errors import EnvironmentProblem
 from .ranges import HUGE_PAGE_BYTES
 
@@ -255,7 +257,14 @@ def read_cap_eff() -> int:
 def gather(wants: list[kconfig.Want]) -> Facts:
     cfg = kconfig.read_running_config()
     names = {w.name for w in wants}
-    status = damon.probe()
+    try:
+        status = damon.probe()
+    except DamonBusy as e:
+        # Another DAMON user held its sysfs lock past the agent's bound: say so as the reason
+        # DAMON could not be read, not as a traceback.
+        feats, src = detect_features(None, os.uname().release)
+        status = damon.DamonStatus(True, False, str(e).removeprefix("damon-hp: "), (),
+                                   "unknown", (), feats, src)
     return Facts(
         release=os.uname().release,
         machine=platform.machine(),
@@ -334,8 +343,10 @@ def check_damon(status: damon.DamonStatus) -> list[Check]:
         return [Check("damon sysfs", MISSING, "/sys/kernel/mm/damon/admin does not exist",
                       "boot a kernel with CONFIG_DAMON_SYSFS=y; " + VM_HINT)]
     if not status.readable:
+        busy = "(EBUSY)" in (status.error or "")  # gather(): another DAMON user held its lock
         return [Check("damon sysfs", MISSING, status.error or "unreadable",
-                      "run damon-hp as root")]
+                      "try again when the other DAMON user is done" if busy
+                      else "run damon-hp as root")]
     out = [Check("damon sysfs", OK, "/sys/kernel/mm/damon/admin present")]
     ops = ", ".join(status.avail_ops) or "none"
     src = f"(from {status.avail_ops_source})"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from damon_hp import actuate, report, status_records
 from damon_hp.agent import Agent
+from damon_hp.damon import io as damon_io
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.options import AgentOptions
 from damon_hp.signals import StopSignals
@@ -131,6 +132,7 @@ def run_agent(target: actuate.Target, opts: AgentOptions, rep: report.RunReport,
     A target another live agent manages is refused (exit 2) before anything is opened.
     """
     ag = Agent(target, opts, rep, stop)
+    busy_before = len(damon_io.busy_waits)  # the daemon runs many agents in one process
     failure: BaseException | None = None
     started = False
     try:
@@ -158,7 +160,19 @@ def run_agent(target: actuate.Target, opts: AgentOptions, rep: report.RunReport,
             ag.close()
         except DamonHpError as e:
             print(e, file=sys.stderr)
+        note = busy_note(damon_io.busy_waits[busy_before:])
+        if note:
+            rep.notes.append(note)
     return Outcome(ag, started, failure)
+
+
+def busy_note(waits: list[float]) -> str | None:
+    """Say that DAMON sysfs held the agent up (notable EBUSY waits that ended well), if it did."""
+    if not waits:
+        return None
+    return (f"DAMON sysfs was busy (EBUSY): {len(waits)} operation(s) waited, the longest "
+            f"{max(waits):.1f} s (damon-hp waits up to {damon_io.EBUSY_RETRY_S:g} s per "
+            "operation)")
 
 
 def failure_message(command: str, failure: BaseException) -> str:

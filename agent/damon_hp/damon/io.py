@@ -12,33 +12,73 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ..errors import DamonHpError
 
 ADMIN = Path("/sys/kernel/mm/damon/admin")
+T = TypeVar("T")
 
-# DAMON sysfs guards `state`, `pid` and the `nr_*` files with a mutex it only try-locks,
-# answering EBUSY when it is held. A running kdamond takes that mutex briefly at every
-# aggregation, and holds it for the whole of a tried-regions update, so EBUSY is usually
-# transient: retry for a while before calling it a failure.
-EBUSY_RETRY_S = 3.0
+# DAMON sysfs guards nearly every file (`state`, `pid`, the `nr_*` counts, ...) with one global
+# mutex that its handlers only try-lock, answering EBUSY while anyone holds it. A running kdamond
+# takes it briefly at every aggregation and, on 6.12, holds it for the whole of a tried-regions
+# update (up to a few apply intervals); another tool writing a large count (`nr_regions`,
+# `nr_schemes`, ...) holds it while the kernel creates or removes every directory. So EBUSY is
+# usually transient: each read or write is retried with an exponential back-off, from
+# EBUSY_FIRST_DELAY_S doubling up to EBUSY_MAX_DELAY_S between tries, for at most
+# EBUSY_RETRY_S of wall time. Past that `DamonBusy` is raised (exit 1): waiting longer would
+# stall the agent with no end in sight, and the message says who to wait for.
+EBUSY_RETRY_S = 10.0
+EBUSY_FIRST_DELAY_S = 0.005
+EBUSY_MAX_DELAY_S = 0.25
 
 
-def retry_ebusy(op):
-    delay, waited = 0.005, 0.0
+class DamonBusy(DamonHpError):
+    """DAMON sysfs answered EBUSY for longer than EBUSY_RETRY_S."""
+
+
+# Waits of at least BUSY_NOTABLE_S that ended in success (seconds each): the agent reports them,
+# so a run another DAMON user held up says so instead of only being slow. A kdamond holds the
+# lock for a moment at every aggregation: waits that short are routine and not kept.
+BUSY_NOTABLE_S = 1.0
+busy_waits: list[float] = []
+
+
+def _busy_message(what: str) -> str:
+    return (f"damon-hp: DAMON sysfs stayed busy (EBUSY) for {EBUSY_RETRY_S:g} s {what}: another "
+            "program holds DAMON's sysfs lock (a long DAMON sysfs operation: another tool "
+            "creating or removing many kdamond, region or scheme directories, or a tried-regions "
+            "update), or a kdamond runs where none may. damon-hp retries for "
+            f"{EBUSY_RETRY_S:g} s per operation; try again when the other DAMON user is done "
+            "(`damon-hp status` lists the kdamonds)")
+
+
+def retry_ebusy(op: Callable[[], T], what: str) -> T:
+    """Run `op`, retrying on EBUSY with the back-off above; DamonBusy past the bound."""
+    delay = EBUSY_FIRST_DELAY_S
+    started = None
     while True:
         try:
-            return op()
+            result = op()
         except OSError as e:
-            if e.errno != errno.EBUSY or waited >= EBUSY_RETRY_S:
+            if e.errno != errno.EBUSY:
                 raise
-        time.sleep(delay)
-        waited += delay
-        delay = min(delay * 2, 0.1)
+            now = time.monotonic()
+            if started is None:
+                started = now
+            elif now - started >= EBUSY_RETRY_S:
+                raise DamonBusy(_busy_message(what)) from e
+            time.sleep(min(delay, max(0.0, started + EBUSY_RETRY_S - now)))
+            delay = min(delay * 2, EBUSY_MAX_DELAY_S)
+            continue
+        if started is not None and time.monotonic() - started >= BUSY_NOTABLE_S:
+            busy_waits.append(time.monotonic() - started)
+        return result
 
 
 def read(path: Path) -> str:
-    return retry_ebusy(lambda: path.read_text().strip())
+    """A sysfs file's text; OSError as the kernel answers, DamonBusy when it stays busy."""
+    return retry_ebusy(lambda: path.read_text().strip(), f"reading {path}")
 
 
 def read_int(path: Path, default: int | None = None) -> int | None:
@@ -65,20 +105,16 @@ def write(path: Path, value: object) -> None:
             f.write(text)
 
     try:
-        retry_ebusy(write)
+        retry_ebusy(write, f"writing {text!r} to {path}")
     except OSError as e:
         hint = ""
         if e.errno in (errno.EACCES, errno.EPERM):
             hint = " (DAMON sysfs needs root)"
-        elif e.errno == errno.EBUSY:
-            hint = (f" (still busy after {EBUSY_RETRY_S:g} s: a kdamond is running, or another "
-                    "DAMON sysfs command is in progress)")
         elif e.errno == errno.EROFS:
             hint = " (sysfs is mounted read-only here)"
         raise DamonHpError(
             f"damon-hp: writing {text!r} to {path} failed: {os.strerror(e.errno or 0)}{hint}"
         ) from e
-
 
 
 def turn_off(kdamond_dir: Path, still_running: Callable[[], bool], wait_s: float = 10.0) -> bool:

@@ -413,21 +413,25 @@ def _start(ops: str, pid: int, intervals: Intervals, min_nr_regions: int, max_nr
     status = probe(admin, run_dir)
     plan = plan_start(status, ops)
 
-    if plan.set_nr_kdamonds is not None:
-        # Re-read right before the one write that affects every kdamond dir.
-        if probe(admin, run_dir).running:
-            raise EnvironmentProblem("damon-hp: a kdamond started while damon-hp was "
-                                     "preparing its own; try again")
-        io.write(admin / "kdamonds/nr_kdamonds", plan.set_nr_kdamonds)
-
-    kd = OwnedKdamond(plan.index, pid, intervals, schemes, False, run_dir, admin, ops)
+    # What this call changed, so that a failure undoes exactly that and no more: DAMON sysfs
+    # that stays busy (EBUSY) can fail the very first write, and a cleanup write then would
+    # only wait out the same busy spell again.
+    created_dirs = configured = turned_on = False
     record = ownership.OwnerRecord.for_this_agent(plan.index, pid)
-    # Provisional record first: if we die between `on` and the final record, the next start
-    # can still prove (by start time and target) that the kdamond is ours.
-    ownership.write_record(record, run_dir)
-    turned_on = False
+    kd = OwnedKdamond(plan.index, pid, intervals, schemes, False, run_dir, admin, ops)
     try:
+        if plan.set_nr_kdamonds is not None:
+            # Re-read right before the one write that affects every kdamond dir.
+            if probe(admin, run_dir).running:
+                raise EnvironmentProblem("damon-hp: a kdamond started while damon-hp was "
+                                         "preparing its own; try again")
+            io.write(admin / "kdamonds/nr_kdamonds", plan.set_nr_kdamonds)
+            created_dirs = True
+        # Provisional record first: if we die between `on` and the final record, the next start
+        # can still prove (by start time and target) that the kdamond is ours.
+        ownership.write_record(record, run_dir)
         io.write(kd.dir / "contexts/nr_contexts", 1)
+        configured = True
         ctx = kd.ctx
         io.write(ctx / "operations", ops)
         iv = ctx / "monitoring_attrs/intervals"
@@ -459,13 +463,18 @@ def _start(ops: str, pid: int, intervals: Intervals, min_nr_regions: int, max_nr
     except BaseException:
         # Undo only what we made (e.g. Ctrl-C right after `on`): the kdamond at our index
         # was turned on by this very call, and nr_kdamonds has been locked since.
+        undone = False
         try:
             if turned_on and kd.live_pid() is not None:
                 io.turn_off(kd.dir, lambda: kd.live_pid() is not None)
-            if kd.live_pid() is None:
+            if (created_dirs or configured) and kd.live_pid() is None:
                 _clear_idle_dir(admin, plan.index, pid)
+            undone = True
         finally:
-            ownership.remove_record(plan.index, run_dir, only=record)
+            # A record that outlives a failed undo lets the next start prove the leftover
+            # ours, stop it and reuse its dir; without one it would read as someone else's.
+            if undone:
+                ownership.remove_record(plan.index, run_dir, only=record)
         raise
     kd.record = ownership.OwnerRecord(**{**record.to_dict(), "kdamond_pid": kd.kdamond_pid})
     ownership.write_record(kd.record, run_dir)
