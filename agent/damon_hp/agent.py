@@ -46,9 +46,9 @@ CPU_EVERY_S = 2.0
 # collapsed; with 3 over 12 s, 19 MiB (0.6 % of the cold bytes).
 REVERSE_MAPPED_MIN_SNAPSHOTS = 3
 REVERSE_MAPPED_MIN_AGGRS = 2.0
-# ... and the streak's access frequencies must add up to one aggregation's worth of a fully
-# busy range (policy.PolicyParams.promote_evidence_pct, with the measurements): cold ranges
-# beside busy frames flicker at a few % to 30 %, hot ones climb to 100 % as DAMON splits.
+# ... and the streak's access frequencies, relative to each snapshot's hottest candidate, must
+# add up to one snapshot's worth of it (policy.PolicyParams.promote_evidence_pct, with the
+# measurements): cold ranges beside busy frames flicker low, hot ones climb as DAMON splits.
 REVERSE_MAPPED_MIN_EVIDENCE_PCT = 100.0
 
 

@@ -89,8 +89,9 @@ def test_the_evidence_sum_keeps_flickering_cold_ranges_on_4k_pages(recording) ->
 
 
 def test_evidence_is_the_sum_of_a_streaks_access_frequencies() -> None:
-    """Synthetic: one range at 20 % per snapshot needs 8 hot snapshots for 150 %, one at 100 %
-    needs the streak's 3; a miss within the grace keeps the sum, two misses drop it."""
+    """Synthetic, each snapshot's frequencies relative to its hottest candidate: next to a range
+    at 100 %, one at 20 % gathers 20 a snapshot; once the hot one is promoted it is the
+    hottest candidate left and gathers 100. A miss within the grace keeps the sum, two drop it."""
     params = PolicyParams(promote_after_snapshots=3, promote_after_s=0.0,
                           promote_evidence_pct=150.0, promote_grace=1)
     a, b = AddrRange(0, H), AddrRange(4 * H, 5 * H)
@@ -100,11 +101,12 @@ def test_evidence_is_the_sum_of_a_streaks_access_frequencies() -> None:
                         (Region(a.start, a.end, acc_a, 0), Region(b.start, b.end, acc_b, 0)))
 
     state, when = PolicyState(), {}
-    for t in range(10):
+    for t in range(6):
         d, state = decide(snap(float(t), 2, 10), state, params, mappings=[a, b])
         state = record_outcomes(state, {s: None for s in d.promote}, params, float(t))
         when.update({s: t for s in d.promote})
-    assert when == {b.start: 2, a.start: 7}
+    # b: 3 snapshots, 300 %. a: 20 + 20 + 20, then 100 alone: 160 % at t = 3.
+    assert when == {b.start: 2, a.start: 3}
     # a miss inside the grace keeps the sum; the next two misses reset it
     state = PolicyState()
     for t, acc in enumerate([10, 0, 10, 0, 0, 10, 10]):
