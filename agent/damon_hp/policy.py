@@ -619,10 +619,15 @@ def decide(
         idle_huge_witnessed_s=idle_huge_witnessed,
         demoted=frozenset(demoted),
         remarked=remarked,
-        # Back-off only matters while a range stays hot; one that cools and heats again
-        # starts over.
-        retry_at={s: t for s, t in state.retry_at.items() if s in hot_lookup},
-        failures={s: n for s, n in state.failures.items() if s in hot_lookup},
+        # A refusal is remembered while the range stays hot, and for max_retry_after_s past
+        # its retry time when it does not: forgetting at once let a range that flickers in and
+        # out of the hot set (as physical sources' cold ranges do) be retried at every return,
+        # every 2 s, however often the kernel had refused it.
+        retry_at={s: t for s, t in state.retry_at.items()
+                  if s in hot_lookup or now < t + params.max_retry_after_s},
+        failures={s: n for s, n in state.failures.items()
+                  if s in hot_lookup
+                  or now < state.retry_at.get(s, now) + params.max_retry_after_s},
         credit_bytes=credit,
         last_taken_at_s=now,
     )

@@ -122,6 +122,25 @@ def test_refused_collapse_is_retried_only_after_its_backoff() -> None:
     assert d.promote == (BASE,)
 
 
+def test_a_refused_range_that_flickers_out_of_the_hot_set_keeps_its_backoff() -> None:
+    p = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0, retry_after_s=2.0,
+                     max_retry_after_s=60.0)
+    hot, cold = (0, H, 20), (0, H, 0)
+    st, tries = PolicyState(), []
+    t = 0.0
+    while t < 30.0:
+        d, st = decide(snap(t, hot if int(t * 2) % 2 == 0 else cold), st, p)
+        if d.promote:
+            tries.append(t)
+            st = record_outcomes(st, {BASE: "EAGAIN"}, p, now_s=t)
+        t += 0.5
+    # 2, 4, 8, 16 s apart: tries at 0, 2, 6, 14 (and 30 would be the next), not every return
+    assert tries == [0.0, 2.0, 6.0, 14.0], tries
+    # ... and forgotten once it has stayed out of the hot set for a while
+    d, st = decide(snap(14.5 + 16 + 60, cold), st, p)
+    assert BASE not in st.failures and BASE not in st.retry_at
+
+
 def test_demoted_range_that_turns_hot_is_remarked_before_it_is_collapsed_again() -> None:
     p = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0, demote_after_s=1.0)
     # A second huge range stays busy throughout: the witness that DAMON sees this process's
