@@ -63,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"agent pid {r.get('agent_pid')} [{state}], {r.get('mode')} "
               f"target pid {r.get('target_pid')}: {cmd}")
         print(f"  since     {_since(r.get('since'))}")
-        print(f"  kdamond   {r.get('kdamond_index')} (pid {r.get('kdamond_pid')})")
+        print(f"  kdamond   {_kdamond(r)}")
         print(f"  promoted  {r.get('promotions', 0)} ranges, holds "
               f"{fmt_bytes(r.get('promoted_bytes'))} promoted, collapsed "
               f"{fmt_bytes(r.get('collapsed_bytes'))}; demoted {r.get('demotions', 0)}")
@@ -71,3 +71,12 @@ def main(args: argparse.Namespace) -> int:
               f"{fmt_bytes(r.get('hot_bytes'))}; {r.get('snapshots', 0)} snapshots")
     sys.stdout.flush()
     return 0
+
+
+def _kdamond(r: dict) -> str:
+    index, pid = r.get("kdamond_index"), r.get("kdamond_pid")
+    if index is not None:
+        return f"{index} (pid {pid})"
+    # Passive sources (run, attach, damon-hpd) read a kdamond they did not start: no index
+    # of theirs to show.
+    return f"pid {pid}, read only (not started by this agent)" if pid else "none"
