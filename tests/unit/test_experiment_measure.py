@@ -15,6 +15,7 @@ from damon_hp.experiment.measure import (
     time_weighted_mean,
 )
 from damon_hp.experiment.progress import eta_seconds
+from damon_hp.experiment.results import RunResult
 from damon_hp.ranges import AddrRange, huge_capable_bytes
 
 MiB = 2**20
@@ -69,6 +70,49 @@ def test_figure_of_merit_is_ns_per_operation():
     assert workloads.figure_of_merit('{"ns_per_update":12.5,"gups":0.08}\n') == 12.5
     assert workloads.figure_of_merit("streamcluster prints no JSON\n") is None
     assert workloads.figure_of_merit('{"ops":0,"ops_per_s":0}\n') is None
+
+
+def _phase_output(seconds: int, ops_per_s: list[float], cpu_per_s: list[float]) -> str:
+    """A benchmark's progress lines (one a second) and final line, from per-second rates."""
+    lines, ops, cpu = ['{"pid":1,"hot":{"start":0,"end":4096}}'], 0.0, 0.0
+    for t in range(1, seconds + 1):
+        ops += ops_per_s[t - 1]
+        cpu += cpu_per_s[t - 1]
+        lines.append(f'{{"progress":{{"t":{t}.001,"ops":{int(ops)},"cpu_s":{cpu:.4f}}}}}')
+    lines.append(f'{{"ops":{int(ops)},"seconds":{seconds}.001,"ops_per_s":{ops / seconds},'
+                 f'"cpu_s":{cpu:.4f},"stopped_by":"timeout"}}')
+    return "\n".join(lines) + "\n"
+
+
+def test_measured_phase_reads_the_phase_cpu_and_the_speed_of_its_last_third():
+    # 30 s: 10 ns per op (1e8 ops/s) for 20 s, then 5 ns per op (2e8 ops/s) once promoted; the
+    # CPU is half a core throughout (a loaded host)
+    text = _phase_output(30, [1e8] * 20 + [2e8] * 10, [0.5] * 30)
+    phase = workloads.measured_phase(text)
+    assert phase.seconds == pytest.approx(30.001)
+    assert phase.cpu_s == pytest.approx(15.0)
+    assert phase.late_from_s == pytest.approx(20.001)  # the first progress line at >= 2/3
+    assert phase.late_ns_per_op == pytest.approx(5.0, rel=1e-3)
+    assert phase.late_cpu_ns_per_op == pytest.approx(2.5, rel=1e-3)
+
+
+def test_measured_phase_without_progress_has_no_late_figures():
+    phase = workloads.measured_phase(
+        '{"ops":100,"seconds":2,"ops_per_s":50,"cpu_s":1.5,"stopped_by":"timeout"}\n')
+    assert (phase.seconds, phase.cpu_s, phase.late_ns_per_op) == (2, 1.5, None)
+    assert workloads.measured_phase("streamcluster prints no JSON\n") is None
+
+
+def test_cpu_per_op_counts_only_the_measured_phase_when_reported():
+    r = RunResult("c", "w", "hotcold", None, 1, "thp-always", "sufficient", 0, user_s=8.0,
+                  sys_s=4.0, ops=1_000_000_000)
+    assert r.cpu_ns_per_op == pytest.approx(12.0)  # set-up included: nothing else known
+    r.phase_cpu_s = 9.0
+    assert r.cpu_ns_per_op == pytest.approx(9.0)
+    r.phase_s, r.hot_huge_fraction_final, r.time_to_hot_huge_s = 40.0, 0.95, 10.0
+    assert r.before_hot_huge_frac == pytest.approx(0.25)
+    r.time_to_hot_huge_s = None
+    assert r.before_hot_huge_frac == 1.0
 
 
 def test_eta_uses_the_median_of_the_same_kind_else_of_everything():

@@ -41,9 +41,11 @@ static void usage(FILE *f)
 		"  --hugepage    madvise(MADV_HUGEPAGE) the table before filling it (default: no madvise)\n"
 		"stdout, one JSON object per line:\n"
 		"  at start: {\"pid\":P,\"table\":{\"start\":A,\"end\":B}}   (decimal, end exclusive)\n"
-		"  at end:   {\"size\":B,\"threads\":T,\"hugepage\":bool,\"updates\":N,\"seconds\":S,\n"
+		"  each second (--seconds S > 0): {\"progress\":{\"t\":T,\"ops\":N,\"cpu_s\":C}}\n"
+		"  at end:   {\"size\":B,\"threads\":T,\"hugepage\":bool,\"updates\":N,\"seconds\":S,\"cpu_s\":C,\n"
 		"             \"ns_per_update\":X,\"gups\":G,\"anon_huge_kb\":K,\"stopped_by\":...}\n"
-		"  ns_per_update = wall time / total updates (all threads together);\n"
+		"  ns_per_update = wall time / total updates (all threads together); S and C: wall and\n"
+		"  CPU seconds of the update phase (after the fill);\n"
 		"  anon_huge_kb = AnonHugePages of the table's mapping at the end (null if unreadable).\n"
 		"Exit status: 0 done, 1 runtime failure, 2 bad arguments.\n");
 }
@@ -171,7 +173,7 @@ int main(int argc, char **argv)
 	struct worker *w = mb_alloc_workers(PROG, threads, sizeof(*w));
 	if (!w)
 		return 1;
-	double t0 = mb_now(CLOCK_MONOTONIC);
+	double t0 = mb_phase_start();
 	for (long long i = 0; i < threads; i++) {
 		w[i].table = table;
 		w[i].words = words;
@@ -190,10 +192,11 @@ int main(int argc, char **argv)
 			if ((sig = mb_wait_signal(&stopset, 0.01)))
 				break;
 	} else {
-		sig = mb_wait_signal(&stopset, seconds);
+		sig = mb_wait_progress(&stopset, seconds, t0, w, sizeof(*w), threads);
 	}
 	uint64_t done = mb_stop_workers(w, sizeof(*w), threads, &stop);
 	double elapsed = mb_now(CLOCK_MONOTONIC) - t0;
+	double cpu_s = mb_phase_cpu();
 	long long huge_kb = anon_huge_kb((uintptr_t)table);
 	char huge_buf[32];
 	if (huge_kb >= 0)
@@ -201,9 +204,9 @@ int main(int argc, char **argv)
 	else
 		snprintf(huge_buf, sizeof(huge_buf), "null");
 	printf("{\"size\":%" PRIu64 ",\"threads\":%lld,\"hugepage\":%s,\"updates\":%" PRIu64
-	       ",\"seconds\":%.6f,\"ns_per_update\":%.3f,\"gups\":%.6f,\"anon_huge_kb\":%s,"
-	       "\"stopped_by\":\"%s\"}\n",
-	       size, threads, hugepage ? "true" : "false", done, elapsed,
+	       ",\"seconds\":%.6f,\"cpu_s\":%.4f,\"ns_per_update\":%.3f,\"gups\":%.6f,"
+	       "\"anon_huge_kb\":%s,\"stopped_by\":\"%s\"}\n",
+	       size, threads, hugepage ? "true" : "false", done, elapsed, cpu_s,
 	       done ? elapsed * 1e9 / (double)done : 0.0, elapsed > 0 ? (double)done / elapsed / 1e9 : 0.0,
 	       huge_buf,
 	       mb_stopped_by(sig, updates > 0 ? "done" : "timeout"));

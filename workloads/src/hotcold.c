@@ -41,7 +41,9 @@ static void usage(FILE *f)
 		"stdout, one JSON object per line:\n"
 		"  at start: {\"pid\":P,\"hot\":{\"start\":A,\"end\":B},\"cold\":{\"start\":C,\"end\":D}}\n"
 		"            (decimal virtual addresses, end exclusive)\n"
-		"  at end:   {\"ops\":N,\"seconds\":T,\"ops_per_s\":R,\"stopped_by\":\"timeout\"|\"SIGTERM\"|\"SIGINT\"}\n"
+		"  each second (S > 0): {\"progress\":{\"t\":T,\"ops\":N,\"cpu_s\":C}}\n"
+		"  at end:   {\"ops\":N,\"seconds\":T,\"ops_per_s\":R,\"cpu_s\":C,\"stopped_by\":\"timeout\"|\"SIGTERM\"|\"SIGINT\"}\n"
+		"            (T and C: wall and CPU seconds of the read phase, after the set-up)\n"
 		"Exit status: 0 done, 1 runtime failure, 2 bad arguments.\n");
 }
 
@@ -132,7 +134,7 @@ int main(int argc, char **argv)
 	struct worker *w = mb_alloc_workers(PROG, threads, sizeof(*w));
 	if (!w)
 		return 1;
-	double t0 = mb_now(CLOCK_MONOTONIC);
+	double t0 = mb_phase_start();
 	for (long long i = 0; i < threads; i++) {
 		w[i].hot = hot;
 		w[i].lines = hot_size / MB_LINE;
@@ -140,7 +142,7 @@ int main(int argc, char **argv)
 	}
 	if (mb_start_workers(PROG, w, sizeof(*w), threads, reader, &stop))
 		return 1;
-	int sig = mb_wait_signal(&stopset, seconds);
+	int sig = mb_wait_progress(&stopset, seconds, t0, w, sizeof(*w), threads);
 	uint64_t ops = mb_stop_workers(w, sizeof(*w), threads, &stop);
 	mb_print_ops_line("", ops, mb_now(CLOCK_MONOTONIC) - t0, sig);
 	free(w);

@@ -282,6 +282,58 @@ static inline uint64_t mb_stop_workers(void *records, size_t size, long long n, 
 	return ops;
 }
 
+/*
+ * The measured phase: the process CPU time at its start (after the set-up's first touch), so the
+ * final line and the progress lines report the CPU time of the phase alone. A THP policy's cost
+ * differs most in the set-up (faulting in huge pages, direct compaction), which a per-operation
+ * CPU figure over the whole process would mix into the speed it is meant to measure.
+ */
+static double mb_phase_cpu0 = -1;
+
+/* Marks the start of the measured phase; returns its CLOCK_MONOTONIC time. */
+static inline double mb_phase_start(void)
+{
+	mb_phase_cpu0 = mb_now(CLOCK_PROCESS_CPUTIME_ID);
+	return mb_now(CLOCK_MONOTONIC);
+}
+
+/* CPU seconds of all threads since mb_phase_start (-1 before it). */
+static inline double mb_phase_cpu(void)
+{
+	return mb_phase_cpu0 < 0 ? -1 : mb_now(CLOCK_PROCESS_CPUTIME_ID) - mb_phase_cpu0;
+}
+
+/*
+ * Like mb_wait_signal, but prints one line a second while it waits,
+ *   {"progress":{"t":T,"ops":N,"cpu_s":C}}   (T since t0, C since mb_phase_start)
+ * so that a reader can tell the speed of a late part of the phase from that of the whole: a
+ * policy that backs the hot set with huge pages only some seconds into the run is slow before
+ * and fast after, and the average over the phase hides when. Only for a bounded run
+ * (seconds > 0): an unbounded one under a reader that never drains stdout would block on it.
+ */
+static inline int mb_wait_progress(const sigset_t *set, double seconds, double t0,
+				   void *records, size_t size, long long n)
+{
+	if (seconds <= 0)
+		return mb_wait_signal(set, 0);
+	double end = t0 + seconds;
+	for (;;) {
+		double wait = 1.0;
+		double left = end - mb_now(CLOCK_MONOTONIC);
+		if (left <= 0)
+			return 0;
+		if (left < wait)
+			wait = left;
+		int sig = mb_wait_signal(set, wait);
+		if (sig)
+			return sig;
+		uint64_t ops = mb_workers_ops(records, size, n);
+		printf("{\"progress\":{\"t\":%.3f,\"ops\":%" PRIu64 ",\"cpu_s\":%.4f}}\n",
+		       mb_now(CLOCK_MONOTONIC) - t0, ops, mb_phase_cpu());
+		fflush(stdout);
+	}
+}
+
 /* What ended a run, for the final line's "stopped_by": the stop signal's name, or `otherwise`. */
 static inline const char *mb_stopped_by(int sig, const char *otherwise)
 {
@@ -290,13 +342,17 @@ static inline const char *mb_stopped_by(int sig, const char *otherwise)
 
 /*
  * The final line of a timed run, flushed:
- *   {<lead>"ops":N,"seconds":T,"ops_per_s":R,"stopped_by":"timeout"|"SIGTERM"|"SIGINT"}
+ *   {<lead>"ops":N,"seconds":T,"ops_per_s":R,["cpu_s":C,]"stopped_by":"timeout"|"SIGTERM"|"SIGINT"}
+ * cpu_s (the measured phase's CPU time) only after mb_phase_start.
  * `lead` is "" or the program's own leading members, each followed by a comma.
  */
 static inline void mb_print_ops_line(const char *lead, uint64_t ops, double elapsed, int sig)
 {
-	printf("{%s\"ops\":%" PRIu64 ",\"seconds\":%.6f,\"ops_per_s\":%.1f,\"stopped_by\":\"%s\"}\n",
-	       lead, ops, elapsed, elapsed > 0 ? (double)ops / elapsed : 0.0,
+	char cpu[40] = "";
+	if (mb_phase_cpu0 >= 0)
+		snprintf(cpu, sizeof(cpu), "\"cpu_s\":%.4f,", mb_phase_cpu());
+	printf("{%s\"ops\":%" PRIu64 ",\"seconds\":%.6f,\"ops_per_s\":%.1f,%s\"stopped_by\":\"%s\"}\n",
+	       lead, ops, elapsed, elapsed > 0 ? (double)ops / elapsed : 0.0, cpu,
 	       mb_stopped_by(sig, "timeout"));
 	fflush(stdout);
 }

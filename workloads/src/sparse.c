@@ -62,8 +62,10 @@ static void usage(FILE *f)
 		"  at start: {\"pid\":P,\"hot\":{\"start\":A,\"end\":B},\"cold\":{\"start\":C,\"end\":D},\n"
 		"             \"sparse\":{\"start\":E,\"end\":F,\"stride\":S,\"touched_pages\":T}}\n"
 		"            (decimal virtual addresses, end exclusive)\n"
-		"  at end:   {\"retouches\":K,\"ops\":N,\"seconds\":T,\"ops_per_s\":R,\n"
+		"  each second (S > 0, no --retouch-seconds): {\"progress\":{\"t\":T,\"ops\":N,\"cpu_s\":C}}\n"
+		"  at end:   {\"retouches\":K,\"ops\":N,\"seconds\":T,\"ops_per_s\":R,\"cpu_s\":C,\n"
 		"             \"stopped_by\":\"timeout\"|\"SIGTERM\"|\"SIGINT\"}\n"
+		"            (T and C: wall and CPU seconds of the read phase, after the set-up)\n"
 		"Exit status: 0 done, 1 runtime failure, 2 bad arguments.\n");
 }
 
@@ -206,7 +208,7 @@ int main(int argc, char **argv)
 	struct worker *w = mb_alloc_workers(PROG, threads, sizeof(*w));
 	if (!w)
 		return 1;
-	double t0 = mb_now(CLOCK_MONOTONIC);
+	double t0 = mb_phase_start();
 	for (long long i = 0; i < threads; i++) {
 		w[i].hot = hot;
 		w[i].lines = hot_size / MB_LINE;
@@ -239,7 +241,7 @@ int main(int argc, char **argv)
 			retouches++;
 		}
 	} else {
-		sig = mb_wait_signal(&stopset, seconds);
+		sig = mb_wait_progress(&stopset, seconds, t0, w, sizeof(*w), threads);
 	}
 	uint64_t ops = mb_stop_workers(w, sizeof(*w), threads, &stop);
 	char lead[48];

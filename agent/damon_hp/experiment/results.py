@@ -53,6 +53,14 @@ class RunResult:
     # the workload's own figure of merit when it runs for a fixed time (ns per operation)
     ns_per_op: float | None = None
     ops: int | None = None  # operations it reported (fixed-time benchmarks)
+    # the measured phase of a fixed-time benchmark (after its set-up), as it reports it: length,
+    # CPU time of all its threads, and wall and CPU time per operation over the phase's last
+    # third (workloads.LATE_FRACTION), where a late promotion has had time to act
+    phase_s: float | None = None
+    phase_cpu_s: float | None = None
+    late_from_s: float | None = None
+    late_ns_per_op: float | None = None
+    late_cpu_ns_per_op: float | None = None
     # hypervisor steal during the run, as a share of all CPU time of the machine (/proc/stat)
     steal_frac: float | None = None
     # faults
@@ -109,12 +117,24 @@ class RunResult:
 
     @property
     def cpu_ns_per_op(self) -> float | None:
-        """The workload's user+sys CPU time per reported operation (set-up included): on a
-        shared, noisy host steadier than wall time per operation."""
-        cpu = self.cpu_s
+        """The workload's CPU time per reported operation: on a shared, noisy host steadier than
+        wall time per operation. Over the measured phase alone when the benchmark reports it
+        (set-up excluded: faulting in 4 GiB, with thp-always's compaction, would otherwise
+        weigh as much as the speed it measures), else user+sys of the whole process."""
+        cpu = self.phase_cpu_s if self.phase_cpu_s is not None else self.cpu_s
         if cpu is None or not self.ops:
             return None
         return cpu * 1e9 / self.ops
+
+    @property
+    def before_hot_huge_frac(self) -> float | None:
+        """Share of the measured phase that passed before 90% of the hot set was huge (1.0 when
+        it never was): how much of the run a late policy spent on 4 KiB pages."""
+        if not self.phase_s or self.hot_huge_fraction_final is None:
+            return None
+        if self.time_to_hot_huge_s is None:
+            return 1.0
+        return min(1.0, max(0.0, self.time_to_hot_huge_s / self.phase_s))
 
     @property
     def agent_cpu_frac(self) -> float | None:

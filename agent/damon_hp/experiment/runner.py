@@ -550,6 +550,12 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
     stdout_text = (rundir / "stdout.txt").read_text(errors="replace")
     result.ns_per_op = workloads.figure_of_merit(stdout_text)
     result.ops = workloads.operations(stdout_text)
+    phase = workloads.measured_phase(stdout_text)
+    if phase is not None:
+        result.phase_s, result.phase_cpu_s = phase.seconds, phase.cpu_s
+        result.late_from_s = phase.late_from_s
+        result.late_ns_per_op, result.late_cpu_ns_per_op = (
+            phase.late_ns_per_op, phase.late_cpu_ns_per_op)
     if timed_out:
         result.status = TIMEOUT
     elif result.oom_kills:

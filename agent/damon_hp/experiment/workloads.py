@@ -152,3 +152,54 @@ def figure_of_merit(stdout_text: str) -> float | None:
         if isinstance(rate, int | float) and rate > 0:
             return 1e9 / float(rate)
     return None
+
+
+# The late part of a fixed-time benchmark's measured phase: its last third. A policy that backs
+# the hot set with huge pages some seconds into the run (damon-hp through a slow access source)
+# is judged over the whole phase, delay included, and over this window, the same for every arm,
+# which shows what it keeps once it has promoted.
+LATE_FRACTION = 1 / 3
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What a fixed-time benchmark says about its measured phase (after its set-up)."""
+
+    seconds: float
+    cpu_s: float | None = None  # CPU time of all its threads during the phase
+    late_from_s: float | None = None  # where the late window starts, seconds into the phase
+    late_ns_per_op: float | None = None
+    late_cpu_ns_per_op: float | None = None
+
+
+def _num(obj: dict, key: str) -> float | None:
+    v = obj.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def measured_phase(stdout_text: str) -> Phase | None:
+    """The measured phase of a fixed-time benchmark that prints its phase CPU time ("cpu_s" in
+    its final line) and, once a second, {"progress": {"t", "ops", "cpu_s"}}; None for others."""
+    objs = _json_lines(stdout_text)
+    final = next((o for o in reversed(objs) if "stopped_by" in o and "seconds" in o), None)
+    if final is None:
+        return None
+    seconds = _num(final, "seconds")
+    ops = next((_num(final, k) for k in ("ops", "updates") if _num(final, k)), None)
+    if not seconds or not ops:
+        return None
+    cpu = _num(final, "cpu_s")
+    points = [(_num(p, "t"), _num(p, "ops"), _num(p, "cpu_s"))
+              for o in objs if isinstance(p := o.get("progress"), dict)]
+    late_from = seconds * (1 - LATE_FRACTION)
+    start = next(((t, n, c) for t, n, c in points
+                  if t is not None and n is not None and t >= late_from), None)
+    if start is None or start[0] is None or start[1] is None or ops <= start[1] \
+            or seconds - start[0] < 1.0:
+        return Phase(seconds, cpu)
+    t_a, n_a, c_a = start
+    late_ops = ops - n_a
+    late_cpu = None
+    if cpu is not None and c_a is not None and cpu >= c_a:
+        late_cpu = (cpu - c_a) * 1e9 / late_ops
+    return Phase(seconds, cpu, t_a, (seconds - t_a) * 1e9 / late_ops, late_cpu)

@@ -146,10 +146,10 @@ def headline_table(g: GroupSummary) -> list[str]:
     notes = _Footnotes()
     lines = [
         f"| arm | runs ok | runtime ({unit}) | runtime / never | speedup preserved | "
-        "CPU time (per op) | speedup preserved (CPU) | "
+        "CPU time (per op) | speedup preserved (CPU) | speedup preserved (CPU, last third) | "
         "peak RSS | THP memory overhead removed | AnonHugePages mean | hot range huge at end | "
-        "time to hot set huge | agent CPU (% of a core) | steal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "time to hot set huge | phase before hot set huge | agent CPU (% of a core) | steal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p, s in g.arms.items():
         ok = f"{s.n_ok}" + (f" (+{s.n_not_ok} not ok)" if s.n_not_ok else "")
@@ -161,11 +161,13 @@ def headline_table(g: GroupSummary) -> list[str]:
             f"{notes.cell(s.speedup_preserved, percent=True)} | "
             f"{fmt_spread(cpu_op, cpu_unit)} | "
             f"{notes.cell(s.speedup_preserved_cpu, percent=True) if s.speedup_preserved_cpu else 'n/a'} | "  # noqa: E501
+            f"{notes.cell(s.speedup_preserved_late, percent=True) if s.speedup_preserved_late else 'n/a'} | "  # noqa: E501
             f"{fmt_spread(s.metrics.get('peak_rss_bytes'), 'B')} | "
             f"{notes.cell(s.overhead_removed, percent=True)} | "
             f"{fmt_spread(s.metrics.get('anon_huge_mean_bytes'), 'B')} | "
             f"{_percent(s.metrics.get('hot_huge_fraction_final'))} | "
             f"{_reached(s)} | "
+            f"{_percent(s.metrics.get('before_hot_huge_frac'))} | "
             f"{fmt_spread(s.metrics.get('agent_cpu_frac'), '%')} | "
             f"{fmt_spread(s.metrics.get('steal_frac'), '%')} |"
         )
@@ -290,9 +292,17 @@ def render(inp: ReportInput) -> str:
         "start-up), or ns per operation for benchmarks that run for a fixed time (hotcold).",
         "- speedup preserved = (T_never − T_p) / (T_never − T_always): 100% = as fast as "
         "thp-always, 0% = no faster than thp-never.",
-        "- CPU time (per op) = the workload's user+sys CPU time (set-up included), divided by "
-        "the operations it reports for fixed-time benchmarks; speedup preserved (CPU) is the "
-        "same ratio from it. On a shared host a "
+        "- CPU time (per op) = for fixed-time benchmarks that report their measured phase "
+        "(hotcold, gups, sparse), the CPU time of all the workload's threads during that phase "
+        "(after the set-up that first touches the memory) divided by the operations done in "
+        "it; for others the workload's user+sys CPU time (set-up included), per reported "
+        "operation, or the CPU time itself for fixed-work programs (streamcluster); speedup "
+        "preserved (CPU) is the same ratio from it. \"last third\": the same ratio over the "
+        "last third of the measured phase only (from the benchmark's once-a-second progress "
+        "lines), where a policy that promotes late (damon-hp through a slow access source) has "
+        "had time to act; \"phase before hot set huge\" = time to hot set huge / the measured "
+        "phase's length (100% = never), the part of the run such a policy spent on 4 KiB "
+        "pages. On a shared host a "
         "workload that waits for a CPU loses wall time, not CPU time, so this one is steadier "
         "there. agent CPU (% of a core) = the arm's own CPU time / the workload's wall time. "
         "steal = the hypervisor's steal as a share of the machine's CPU time during the run "
