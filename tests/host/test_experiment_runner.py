@@ -105,8 +105,11 @@ def test_global_thp_mode_is_never_written_outside_the_vm(monkeypatch):
 
 
 def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path):
-    marker = "--cold 12M"  # only the long workload has it
-    exp = _experiment(tmp_path, """
+    # Only this test's long workload has it: another clone's suite running beside this one
+    # (seen: two fresh-clone runs at once) has a long workload of its own.
+    seconds = f"600.{os.getpid()}"
+    marker = f"--cold 12M --seconds {seconds}"
+    exp = _experiment(tmp_path, f"""
 [[workloads]]
 program = "hotcold"
 label = "short"
@@ -115,7 +118,7 @@ args = ["--hot", "4M", "--cold", "4M", "--seconds", "0.3"]
 [[workloads]]
 program = "hotcold"
 label = "long"
-args = ["--hot", "4M", "--cold", "12M", "--seconds", "600"]
+args = ["--hot", "4M", "--cold", "12M", "--seconds", "{seconds}"]
 """)
     out = tmp_path / "out"
     proc = subprocess.Popen([DAMON_HP, "experiment", "run", str(exp), "--out", str(out)],
