@@ -149,6 +149,35 @@ args = ["--hot", "4M", "--cold", "12M", "--seconds", "{seconds}"]
     assert "todo  long_t1_thp-never_sufficient_r0" in listing
 
 
+@pytest.mark.parametrize("delay_s", [0.3, 0.6, 0.9, 1.2, 1.5])
+def test_ctrl_c_at_any_moment_of_the_start_leaves_no_workload_behind(tmp_path, delay_s):
+    """Ctrl-C while the runner starts up, starts a workload or hands it to the sampler:
+    a fresh-clone run once left its workload running when the signal came inside Popen."""
+    seconds = f"600.{os.getpid()}{int(delay_s * 10)}"
+    exp = _experiment(tmp_path, f"""
+[[workloads]]
+program = "hotcold"
+args = ["--hot", "4M", "--cold", "4M", "--seconds", "{seconds}"]
+""")
+    proc = subprocess.Popen([DAMON_HP, "experiment", "run", str(exp), "--out",
+                             str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Before the runner's own handling is in place Python dies of the signal (-2): nothing
+    # was started then.
+    assert proc.returncode in (130, -signal.SIGINT), err
+    deadline = time.monotonic() + 5  # a killed process group takes a moment to go
+    while _processes_with(f"--seconds {seconds}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(f"--seconds {seconds}") == []
+
+
 def test_damon_hp_and_thp_always_run_on_the_host_without_changing_anything_global(tmp_path):
     """damon-hp runs with the source that works here (passive beside the foreign kdamond) and
     the workload's own CPU time is counted; thp-always (the LD_PRELOAD shim) backs memory the

@@ -82,6 +82,31 @@ def sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(s, h)
 
 
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise KeyboardInterrupt.
+
+    For starting a child and registering its clean-up: interrupted between the fork and the
+    registration (inside Popen, which waits for the exec), the runner lost the child and left
+    it running (a fresh-clone run's Ctrl-C test, 2026-11-23). A child's exec resets the
+    handlers, so it is not affected.
+    """
+    got: list[int] = []
+
+    def note(signum: int, _frame: object) -> None:
+        got.append(signum)
+
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, note) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if got:
+        raise KeyboardInterrupt(f"signal {got[0]}")
+
+
 def group_key(cell: Cell) -> str:
     return f"{cell.workload.name}_t{cell.threads}"
 
@@ -461,7 +486,7 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
             argv = [*launcher, "--", *cmd.argv]
             preexec = None
         (rundir / "command.json").write_text(json.dumps({"argv": argv, "cwd": str(cmd.cwd)}))
-        with contextlib.ExitStack() as files:
+        with deferred_interrupts(), contextlib.ExitStack() as files:
             out = files.enter_context(open(rundir / "stdout.txt", "wb"))
             err = files.enter_context(open(rundir / "stderr.txt", "wb"))
             stdin: Any = subprocess.DEVNULL
@@ -477,7 +502,7 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
             finally:
                 if hold_r >= 0:
                     os.close(hold_r)
-        stack.callback(_terminate, proc, 30.0 if wrapped else 1.0)
+            stack.callback(_terminate, proc, 30.0 if wrapped else 1.0)
 
         start_deadline = time.monotonic() + START_TIMEOUT_S
         if wrapped:
@@ -611,20 +636,22 @@ def warm_up(ctx: Context, cell: Cell) -> None:
     shutil.rmtree(rundir, ignore_errors=True)
     cmd = workloads.resolve(cell.workload, cell.threads, BASELINE, rundir)
     stdin = open(cmd.stdin, "rb") if cmd.stdin else subprocess.DEVNULL  # noqa: SIM115
+    proc = None
     try:
-        proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd, stdin=stdin, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-    finally:
-        if stdin is not subprocess.DEVNULL:
-            stdin.close()
-    try:
+        with deferred_interrupts():
+            proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd, stdin=stdin,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
         proc.wait(timeout=ctx.exp.timeout_s)
     except subprocess.TimeoutExpired:
         pass
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        if stdin is not subprocess.DEVNULL:
+            stdin.close()
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         shutil.rmtree(rundir, ignore_errors=True)
 
 
