@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -235,16 +236,40 @@ def test_stale_instance_of_a_dead_pid_is_removed_and_others_untouched():
 # -- the reverse map -------------------------------------------------------------------------
 
 
-def test_reverse_map_finds_hotcold_hot_set(kdamond):
-    """Hot 2 MiB ranges read hot far more often than cold ones, which mostly do not.
+def page_by_page(phys, frames) -> dict[int, tuple[int, int, int, int]]:
+    """Reference: window start -> (resident, monitored, accessed pages, 50 % share level),
+    looked up one page at a time."""
+    regions = sorted(phys.regions, key=lambda r: r.start)
+    starts = [r.start for r in regions]
+    per_window: dict[int, list[int | None]] = {}
+    for run in frames.runs:
+        for i, e in enumerate(run.entries):
+            if not e & PM_PRESENT:
+                continue
+            addr = (e & PM_PFN_MASK) * 4096
+            k = bisect_right(starts, addr) - 1
+            acc = regions[k].nr_accesses if k >= 0 and addr < regions[k].end else None
+            vaddr = run.start + i * 4096
+            per_window.setdefault(vaddr - vaddr % (2 << 20), []).append(acc)
+    out = {}
+    for w, accs in per_window.items():
+        known = sorted((a for a in accs if a is not None), reverse=True)
+        level = known[255] if len(known) >= 256 else 0
+        out[w] = (len(accs), len(known), sum(1 for a in known if a), level)
+    return out
 
-    How much of the hot set a paddr kdamond can see depends on where the allocator put its
-    frames: when they lie in long physical runs (the hot set fills whole DAMON regions) nearly
-    all hot ranges read hot within seconds; on a fragmented host (seen: the 64 Ki hot frames
-    spread over 900-2,820 physical 2 MiB blocks instead of 128) a DAMON region holds hot frames
-    diluted among others, and only 0-50 % of hot ranges read hot per aggregation. Cold
-    ranges stayed at 0-10 % in both cases. So the bounds are relative, the range-level ones
-    apply to a gathered layout only, and the failure message shows the fragmentation.
+
+def test_reverse_map_of_real_hotcold_matches_the_page_by_page_reference(kdamond):
+    """The reverse map on this host's own kdamond and a live hotcold: every 2 MiB range's
+    counts and level equal a page-by-page lookup of the same snapshot and frames, all of
+    hotcold's resident pages lie in monitored physical memory, and the picture is printed.
+
+    How well it separates hot from cold is physics, not this code: with hotcold's hot frames
+    in long physical runs nearly all hot ranges read hot within seconds; on a fragmented host
+    (seen: the 64 Ki hot frames spread over 900-2,820 physical 2 MiB blocks instead of 128)
+    a DAMON region holds hot frames diluted among others' and 0-50 % of hot ranges read hot
+    per aggregation, down to hot and cold pages reading alike. Two fresh-clone runs failed on
+    such bounds (ci9, ci12, 2026-11-23), so they are benchmark figures (bench-sources.py).
     """
     if kdamond.ops != "paddr":
         pytest.fail(f"kdamond {kdamond.index} monitors {kdamond.ops}, not paddr")
@@ -257,6 +282,7 @@ def test_reverse_map_finds_hotcold_hot_set(kdamond):
         ranges = {k: (layout[k]["start"], layout[k]["end"]) for k in ("hot", "cold")}
         seen = []  # per snapshot: (hot flagged, cold flagged, hot accessed, cold accessed)
         cost = []
+        checked = 0
         with stream(kdamond) as s:
             while time.monotonic() - started < 36 and child.poll() is None:
                 snap = s.next_snapshot(timeout_s=3 * kdamond.aggr_s + 15)
@@ -266,9 +292,6 @@ def test_reverse_map_finds_hotcold_hot_set(kdamond):
                 cpu1 = time.process_time()
                 result = reverse_map(snap, frames)
                 cost.append((cpu1 - cpu0, time.process_time() - cpu1))
-                # An aggregation that saw the first touch of every page reads all as accessed.
-                if snap.taken_at_s - started < 10:
-                    continue
                 parts = {k: [r for r in result.ranges if lo <= r.start < hi]
                          for k, (lo, hi) in ranges.items()}
                 assert len(parts["hot"]) == 128 and len(parts["cold"]) == 256
@@ -276,8 +299,13 @@ def test_reverse_map_finds_hotcold_hot_set(kdamond):
                 assert result.monitored_pages >= 0.9 * resident, (
                     f"only {result.monitored_pages} of {resident} resident pages lie in the "
                     f"physical ranges kdamond {kdamond.index} monitors")
+                if checked < 2:  # the reference costs a second of Python per snapshot
+                    ours = {r.start: (r.resident_pages, r.monitored_pages, r.accessed_pages,
+                                      r.nr_accesses) for r in result.ranges}
+                    assert ours == page_by_page(snap, frames)
+                    checked += 1
                 seen.append(tuple(
-                    sum(f(r) for r in parts[k]) / len(parts[k])
+                    round(sum(f(r) for r in parts[k]) / len(parts[k]), 2)
                     for f in (lambda r: r.nr_accesses > 0, lambda r: r.accessed_share)
                     for k in ("hot", "cold")))
         hot_blocks = len({(e & PM_PFN_MASK) >> 9 for run in frames.runs
@@ -286,26 +314,10 @@ def test_reverse_map_finds_hotcold_hot_set(kdamond):
     finally:
         child.terminate()
         child.wait()
-    report = (f"per snapshot (hot flagged, cold flagged, hot accessed, cold accessed): "
-              f"{[tuple(round(x, 2) for x in v) for v in seen]}; hot frames in {hot_blocks} "
-              f"physical 2 MiB blocks (128 if contiguous); pagemap read / map CPU ms: "
-              f"{[(round(a * 1e3), round(b * 1e3)) for a, b in cost]}")
-    print("\n" + report)
-    assert len(seen) >= 2, "fewer than two aggregations after the first-touch phase"
-    hot_flagged, cold_flagged, hot_accessed, cold_accessed = (
-        sum(v[i] for v in seen) / len(seen) for i in range(4))
-    assert cold_flagged <= 0.15, f"{cold_flagged:.0%} of cold ranges read hot; {report}"
-    # Always, however scattered the frames: hot pages sit in accessed regions more than cold.
-    assert hot_accessed > cold_accessed, report
-    # Seeing whole hot ranges needs the hot frames gathered enough for DAMON's regions to
-    # separate them. A loaded fresh-clone run on 2026-11-23 got them spread over 2,820 blocks
-    # (22x): 0-2 % of hot ranges read hot, 14-22 % of hot pages vs 10-17 % of cold ones in
-    # accessed regions. That is the host's memory, not this code (whose arithmetic the unit
-    # tests check page by page on a real capture), so only a gathered layout is held to it.
-    if hot_blocks <= 4 * 128:
-        assert hot_flagged >= max(0.02, 3 * cold_flagged), (
-            f"{hot_flagged:.0%} of hot ranges read hot; {report}")
-        assert hot_accessed >= cold_accessed + 0.05, report
+    assert checked == 2, "fewer than two aggregations while hotcold ran"
+    print(f"\nper snapshot (hot flagged, cold flagged, hot accessed, cold accessed): {seen}; "
+          f"hot frames in {hot_blocks} physical 2 MiB blocks (128 if contiguous); pagemap "
+          f"read / map CPU ms: {[(round(a * 1e3), round(b * 1e3)) for a, b in cost]}")
 
 
 def test_page_frames_read_with_and_without_scan_agree():
