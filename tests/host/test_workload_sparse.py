@@ -43,6 +43,11 @@ def thp_mode() -> str | None:
     return text[text.index("[") + 1:text.index("]")]
 
 
+
+def results(out: str) -> list[dict]:
+    """The JSON lines of a run less its once-a-second progress lines."""
+    return [d for d in map(json.loads, out.splitlines()) if "progress" not in d]
+
 class Sparse:
     """sparse started with --seconds 0; its first JSON line read (all memory touched by then)."""
 
@@ -70,7 +75,7 @@ class Sparse:
         """SIGTERM, then the exit status and every remaining JSON line."""
         self.proc.send_signal(signal.SIGTERM)
         out, _ = self.proc.communicate(timeout=60)
-        return self.proc.returncode, [json.loads(line) for line in out.splitlines()]
+        return self.proc.returncode, results(out)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -144,7 +149,7 @@ def test_on_4k_pages_the_sparse_region_holds_one_page_per_stride(start, sparse, 
     code, lines = s.stop()
     assert code == 0 and len(lines) == 1
     last = lines[0]
-    assert set(last) == {"retouches", "ops", "seconds", "ops_per_s", "stopped_by"}
+    assert set(last) == {"retouches", "ops", "seconds", "ops_per_s", "cpu_s", "stopped_by"}
     assert last["stopped_by"] == "SIGTERM" and last["retouches"] == 0 and last["ops"] > 0
 
 
@@ -225,6 +230,6 @@ def test_help_prints_usage_on_stdout_and_exits_0():
 def test_a_timed_run_prints_two_json_lines_and_exits_0():
     r = run("--hot", "4M", "--cold", "4K", "--sparse", "8M", "--threads", "2", "--seconds", "0.2")
     assert r.returncode == 0, r.stderr
-    first, last = [json.loads(line) for line in r.stdout.splitlines()]
+    first, last = results(r.stdout)
     assert size_of(first["cold"]) == 4096 and size_of(first["sparse"]) == 8 * MIB
     assert last["stopped_by"] == "timeout" and last["ops"] > 0 and last["seconds"] > 0

@@ -42,7 +42,7 @@ class Running:
         """SIGTERM, then the exit status and every remaining JSON line."""
         self.proc.send_signal(signal.SIGTERM)
         out, _ = self.proc.communicate(timeout=30)
-        return self.proc.returncode, [json.loads(line) for line in out.splitlines()]
+        return self.proc.returncode, json_lines(out)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -69,7 +69,8 @@ def run(*argv: str) -> subprocess.CompletedProcess:
 
 
 def json_lines(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines()]
+    """The JSON lines of a run less its once-a-second progress lines."""
+    return [d for d in map(json.loads, text.splitlines()) if "progress" not in d]
 
 
 def smaps_entries(pid: int) -> dict[tuple[int, int], dict[str, str]]:
