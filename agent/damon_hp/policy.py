@@ -181,11 +181,11 @@ class PolicyParams:
     promote_evidence_pct = 0.0
         Off by default. The access frequencies of a streak's hot snapshots, each as % of the
         hottest not-yet-promoted range of its snapshot, must add up to at least this before the
-        range is promoted. A physical (reverse-mapped)
-        source reads a cold range hot when its frames share DAMON regions with busy frames of
-        any process, a few % to 30 % per snapshot, flickering; a hot range climbs towards 100 %
-        as DAMON splits its regions. Physical sources set 100, one aggregation's worth of a
-        fully busy range (`agent.streak_for_source`). Replayed on a recorded passive run here
+        range is promoted. A physical (reverse-mapped) source reads a cold range hot when its
+        frames share DAMON regions with busy frames of any process, a few % to 30 % per
+        snapshot, flickering; a hot range climbs to the top as DAMON splits its regions.
+        Physical sources set 100, one snapshot's worth of the hottest candidate
+        (`agent.streak_for_source`). Replayed on a recorded passive run here
         (hotcold 1G/3G beside VM tests, tests/unit/test_policy_physical.py), cold ranges
         promoted / hot ones promoted 42 s into the run: streak alone 17 % / 70 %, 100: 7.0 % /
         53 %, 150: 2.7 % / 40 %. A cold range collapsed by mistake was resident (no bloat);
