@@ -195,6 +195,12 @@ def vng_command(kernel: PinnedKernel, run_dir: Path, *, memory: str, cpus: int,
         "--run", str(kernel.vmlinuz),
         # KVM on this host cannot boot ordinary kernels: always TCG.
         "--disable-kvm",
+        # One emulation thread for all vCPUs. Multi-threaded TCG let a vCPU run a stale
+        # translation of kernel text the other vCPU had just re-patched (static keys flip
+        # when tracepoints, THP modes or DAMON change): the guest died of an "int3" Oops in
+        # __schedule / ttwu_do_activate twice in ~15 test-tier runs, taking every later vm
+        # test with it. Round-robin sees every patch at once.
+        "--qemu-opt=-accel", "--qemu-opt=tcg,thread=single",
         "--cpus", str(cpus),
         "--memory", memory,
         "--user", "root",
