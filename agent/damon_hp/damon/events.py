@@ -31,6 +31,7 @@ kdamond runs (its owner rewrote it from 4-7.4 GiB to 4-13.75 GiB here).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
 import math
@@ -225,6 +226,28 @@ class SnapshotAssembler:
         return [s for s in map(self.feed, events) if s is not None]
 
 
+def mount_tracefs(tracefs: str | Path = TRACEFS) -> bool:
+    """Mount tracefs where it is missing; True if this call mounted it.
+
+    Systemd mounts it on most machines, but minimal ones (containers, this project's CI host)
+    boot without it. It stays mounted afterwards: another tool may have started using it,
+    and a mounted tracefs changes nothing until someone enables an event. hpstat does the
+    same (bpf/tracefs_names.c).
+    """
+    path = Path(tracefs)
+    if (path / "instances").is_dir():
+        return False
+    if path != Path(TRACEFS):
+        raise ValueError(f"mount_tracefs mounts at {TRACEFS} only, not {path}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"nodev", os.fsencode(path), b"tracefs", ctypes.c_ulong(0), None) != 0:
+        err = ctypes.get_errno()
+        if err == errno.EBUSY and (path / "instances").is_dir():
+            return False  # someone else mounted it meanwhile
+        raise OSError(err, os.strerror(err), str(path))
+    return True
+
+
 def instance_name(pid: int, seq: int) -> str:
     return f"{INSTANCE_PREFIX}{pid}-{seq}"
 
@@ -345,10 +368,17 @@ class AggregatedEventStream:
 
     def _check_environment(self) -> None:
         if not (self.tracefs / "instances").is_dir():
-            raise EnvironmentProblem(
-                f"tracefs is not mounted at {self.tracefs}; "
-                f"mount -t tracefs nodev {self.tracefs}"
-            )
+            # Only ever at the standard place: any other path is a caller's choice to honour.
+            if self.tracefs != Path(TRACEFS):
+                raise EnvironmentProblem(f"tracefs is not mounted at {self.tracefs}; "
+                                         f"mount -t tracefs nodev {self.tracefs}")
+            try:
+                mount_tracefs(self.tracefs)
+            except OSError as e:
+                raise EnvironmentProblem(
+                    f"tracefs is not mounted at {self.tracefs} and mounting it failed "
+                    f"({os.strerror(e.errno or 0)}); mount -t tracefs nodev {self.tracefs}"
+                ) from None
         if not (self.tracefs / EVENT_DIR).is_dir():
             raise EnvironmentProblem(
                 f"this kernel has no damon:damon_aggregated tracepoint ({self.tracefs}/"
