@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import time
-from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -34,6 +33,7 @@ from damon_hp.damon.events import (
     remove_stale_instances,
 )
 from damon_hp.damon.revmap import PM_PFN_MASK, PM_PRESENT, read_page_frames, reverse_map
+from reference.revmap_ref import page_by_page
 
 ROOT = Path(__file__).resolve().parents[2]
 KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
@@ -130,6 +130,35 @@ def ram_end() -> int:
 
 
 # -- the stream ------------------------------------------------------------------------------
+
+
+def test_stream_mounts_tracefs_where_the_machine_has_none(kdamond):
+    """A machine that boots without tracefs (a minimal server, this project's CI host): the
+    stream mounts it and reads events. Shown in a private mount namespace where tracefs is
+    unmounted, so the host's own mount is never touched."""
+    probe = (
+        "import json, os, sys\n"
+        "from pathlib import Path\n"
+        "from damon_hp.damon.events import AggregatedEventStream\n"
+        "before = os.path.isdir('/sys/kernel/tracing/instances')\n"
+        f"s = AggregatedEventStream({kdamond.pid}, sample_us={kdamond.sample_us}, "
+        f"aggr_us={kdamond.aggr_us}, max_nr_regions={kdamond.max_nr_regions}).open()\n"
+        "inst = str(s.instance)\n"
+        "filt = (Path(inst) / 'events/damon/damon_aggregated/filter').read_text().strip()\n"
+        "s.close()\n"
+        "print(json.dumps({'before': before, 'instance': inst, 'filter': filt,\n"
+        "                  'left': os.path.exists(inst)}))\n"
+    )
+    script = ("umount /sys/kernel/tracing 2>/dev/null; "
+              "! mountpoint -q /sys/kernel/tracing && exec \"$0\" -c \"$1\"")
+    p = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                        sys.executable, probe], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["before"] is False, "tracefs was still mounted in the private namespace"
+    assert f"common_pid == {kdamond.pid}" in out["filter"]
+    assert out["left"] is False
+    assert not (INSTANCES / Path(out["instance"]).name).exists()
 
 
 def test_reader_yields_whole_plausible_snapshots_cheaply(kdamond):
@@ -236,33 +265,14 @@ def test_stale_instance_of_a_dead_pid_is_removed_and_others_untouched():
 # -- the reverse map -------------------------------------------------------------------------
 
 
-def page_by_page(phys, frames) -> dict[int, tuple[int, int, int, int]]:
-    """Reference: window start -> (resident, monitored, accessed pages, 50 % share level),
-    looked up one page at a time."""
-    regions = sorted(phys.regions, key=lambda r: r.start)
-    starts = [r.start for r in regions]
-    per_window: dict[int, list[int | None]] = {}
-    for run in frames.runs:
-        for i, e in enumerate(run.entries):
-            if not e & PM_PRESENT:
-                continue
-            addr = (e & PM_PFN_MASK) * 4096
-            k = bisect_right(starts, addr) - 1
-            acc = regions[k].nr_accesses if k >= 0 and addr < regions[k].end else None
-            vaddr = run.start + i * 4096
-            per_window.setdefault(vaddr - vaddr % (2 << 20), []).append(acc)
-    out = {}
-    for w, accs in per_window.items():
-        known = sorted((a for a in accs if a is not None), reverse=True)
-        level = known[255] if len(known) >= 256 else 0
-        out[w] = (len(accs), len(known), sum(1 for a in known if a), level)
-    return out
-
-
 def test_reverse_map_of_real_hotcold_matches_the_page_by_page_reference(kdamond):
     """The reverse map on this host's own kdamond and a live hotcold: every 2 MiB range's
-    counts and level equal a page-by-page lookup of the same snapshot and frames, all of
-    hotcold's resident pages lie in monitored physical memory, and the picture is printed.
+    counts and level equal a page-by-page lookup of the same snapshot and frames, and the
+    picture is printed.
+
+    How much of hotcold lies in the physical memory the kdamond monitors is its owner's
+    choice: kdamond 0 here monitored 4-13.75 GiB in one session and 4-8 GiB of 24 after a
+    fresh boot, where a third of hotcold's pages fell inside; it is printed, not asserted.
 
     How well it separates hot from cold is physics, not this code: with hotcold's hot frames
     in long physical runs nearly all hot ranges read hot within seconds; on a fragmented host
@@ -282,6 +292,7 @@ def test_reverse_map_of_real_hotcold_matches_the_page_by_page_reference(kdamond)
         ranges = {k: (layout[k]["start"], layout[k]["end"]) for k in ("hot", "cold")}
         seen = []  # per snapshot: (hot flagged, cold flagged, hot accessed, cold accessed)
         cost = []
+        monitored = []  # per snapshot: share of resident pages in monitored physical memory
         checked = 0
         with stream(kdamond) as s:
             while time.monotonic() - started < 36 and child.poll() is None:
@@ -296,9 +307,7 @@ def test_reverse_map_of_real_hotcold_matches_the_page_by_page_reference(kdamond)
                          for k, (lo, hi) in ranges.items()}
                 assert len(parts["hot"]) == 128 and len(parts["cold"]) == 256
                 resident = sum(r.resident_pages for r in result.ranges)
-                assert result.monitored_pages >= 0.9 * resident, (
-                    f"only {result.monitored_pages} of {resident} resident pages lie in the "
-                    f"physical ranges kdamond {kdamond.index} monitors")
+                monitored.append(round(result.monitored_pages / max(resident, 1), 2))
                 if checked < 2:  # the reference costs a second of Python per snapshot
                     ours = {r.start: (r.resident_pages, r.monitored_pages, r.accessed_pages,
                                       r.nr_accesses) for r in result.ranges}
@@ -316,6 +325,7 @@ def test_reverse_map_of_real_hotcold_matches_the_page_by_page_reference(kdamond)
         child.wait()
     assert checked == 2, "fewer than two aggregations while hotcold ran"
     print(f"\nper snapshot (hot flagged, cold flagged, hot accessed, cold accessed): {seen}; "
+          f"share of resident pages in monitored memory: {monitored}; "
           f"hot frames in {hot_blocks} physical 2 MiB blocks (128 if contiguous); pagemap "
           f"read / map CPU ms: {[(round(a * 1e3), round(b * 1e3)) for a, b in cost]}")
 

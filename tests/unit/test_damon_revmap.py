@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import random
 from array import array
-from bisect import bisect_right
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from damon_hp.damon.revmap import (
     reverse_map,
 )
 from damon_hp.policy import PolicyParams, PolicyState, decide
+from reference.revmap_ref import page_by_page
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REVMAP = FIXTURES / "revmap-hotcold-paddr-host-6.18.json"
@@ -49,29 +49,6 @@ def load_real() -> tuple[dict, Snapshot, PageFrames]:
     return fx, snaps[-1], frames
 
 
-def reference(phys: Snapshot, frames: PageFrames, share_pct: float) -> dict[int, tuple]:
-    """Page by page: (resident, monitored, accessed, nr_accesses) per window start."""
-    regions = sorted(phys.regions, key=lambda r: r.start)
-    starts = [r.start for r in regions]
-    per_window: dict[int, list[int | None]] = {}
-    for run in frames.runs:
-        for i, e in enumerate(run.entries):
-            if not e & PM_PRESENT:
-                continue
-            addr = (e & ((1 << 55) - 1)) * PAGE_BYTES
-            k = bisect_right(starts, addr) - 1
-            acc = regions[k].nr_accesses if k >= 0 and addr < regions[k].end else None
-            vaddr = run.start + i * PAGE_BYTES
-            per_window.setdefault(vaddr - vaddr % HUGE_PAGE_BYTES, []).append(acc)
-    out = {}
-    for w, accs in per_window.items():
-        known = sorted((a for a in accs if a is not None), reverse=True)
-        need = share_pct / 100 * PAGES
-        level = next((a for n, a in enumerate(known, 1) if n >= need), 0)
-        out[w] = (len(accs), len(known), sum(1 for a in known if a), level)
-    return out
-
-
 def summary(result) -> dict[int, tuple]:
     return {r.start: (r.resident_pages, r.monitored_pages, r.accessed_pages, r.nr_accesses)
             for r in result.ranges}
@@ -83,7 +60,7 @@ def summary(result) -> dict[int, tuple]:
 def test_real_capture_matches_the_page_by_page_reference():
     _, phys, frames = load_real()
     for share in (50.0, 90.0):
-        assert summary(reverse_map(phys, frames, hot_page_share_pct=share)) == reference(
+        assert summary(reverse_map(phys, frames, hot_page_share_pct=share)) == page_by_page(
             phys, frames, share)
 
 
@@ -214,7 +191,7 @@ def test_scattered_frames_match_the_reference():
         pfns.extend(None if rng.random() < 0.05 else first + i for i in range(n))
     frames = PageFrames.from_pfns(1, V, pfns[: 6 * PAGES])
     snap = phys(*regions)
-    assert summary(reverse_map(snap, frames)) == reference(snap, frames, 50.0)
+    assert summary(reverse_map(snap, frames)) == page_by_page(snap, frames, 50.0)
 
 
 def test_share_must_be_a_percentage():
