@@ -240,6 +240,7 @@ class Agent:
                 time.sleep(self.report.source.get("aggr_us", 1_000_000) / 1e6)
                 continue
             if snap is None:
+                self.report.populating_snapshots = getattr(self.source, "populating_snapshots", 0)
                 self._tick()
                 continue
             try:

@@ -112,6 +112,8 @@ class RunReport:
     """the access source: name, why it was chosen, its kdamond, intervals, reader, limits"""
     snapshots: int = 0
     empty_snapshots: int = 0
+    populating_snapshots: int = 0
+    """physical sources: aggregations withheld while the target faulted memory in"""
     snapshot_errors: int = 0
     scheme_errors: int = 0
     collapse: CollapseTally = field(default_factory=CollapseTally)
@@ -201,6 +203,7 @@ class RunReport:
             "source": self.source,
             "snapshots": self.snapshots,
             "empty_snapshots": self.empty_snapshots,
+            "populating_snapshots": self.populating_snapshots,
             "snapshot_errors": self.snapshot_errors,
             "scheme_errors": self.scheme_errors,
             "promotions": self.collapse.ok,
@@ -262,7 +265,9 @@ def format_table(r: RunReport) -> str:
     target = f"pid {r.target_pid}" + (f": {' '.join(r.command)}" if r.command else "")
     stopped = r.stopped_by + (f" (exit code {r.exit_code})" if r.exit_code is not None else "")
     snaps = f"{r.snapshots}" + (f", {r.empty_snapshots} empty" if r.empty_snapshots else "") + (
-        f", {r.snapshot_errors} failed reads" if r.snapshot_errors else "")
+        f", {r.snapshot_errors} failed reads" if r.snapshot_errors else "") + (
+        f", {r.populating_snapshots} more withheld while the target faulted memory in"
+        if r.populating_snapshots else "")
     c = r.collapse
     rows = [
         ("target", target),

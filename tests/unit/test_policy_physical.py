@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from damon_hp.agent import streak_for_source
 from damon_hp.damon.model import Region, Snapshot
+from damon_hp.damon.sources import populating
 from damon_hp.policy import PolicyParams, PolicyState, decide, record_outcomes
 from damon_hp.ranges import HUGE_PAGE_BYTES as H
 from damon_hp.ranges import AddrRange
@@ -114,3 +115,20 @@ def test_evidence_is_the_sum_of_a_streaks_access_frequencies() -> None:
         assert not d.promote, t
         state = record_outcomes(state, {}, params, float(t))
     assert state.hot_evidence[a.start] == pytest.approx(200.0)
+
+
+@pytest.mark.parametrize(("before_mib", "now_mib", "blurred"), [
+    (None, 4, False),      # a small process's first snapshot
+    (None, 320, True),     # the first snapshot holds the whole start-up
+    (0, 64, True),         # faulting 64 MiB in within one aggregation
+    (320, 327, False),     # 7 MiB: under the 8 MiB floor
+    (320, 329, True),      # 9 MiB of 320: over the floor and 2 %
+    (4096, 4170, False),   # 74 MiB of 4 GiB: under 2 %
+    (4096, 4180, True),    # 84 MiB of 4 GiB: over 2 %
+    (4096, 1024, False),   # shrinking (freed, paged out) blurs nothing
+])
+def test_aggregations_of_a_target_faulting_memory_in_are_withheld(before_mib, now_mib,
+                                                                    blurred) -> None:
+    mib = 1 << 20
+    before = None if before_mib is None else before_mib * mib
+    assert populating(before, now_mib * mib) is blurred

@@ -104,6 +104,8 @@ class Managed:
         self.hot_bytes = 0
         self.huge_bytes: int | None = None
         self.pending: tuple[Snapshot, policy.Decision] | None = None
+        self.resident: int | None = None  # bytes, at the last aggregation
+        self.populating_snapshots = 0
 
     @property
     def held_bytes(self) -> int:
@@ -340,10 +342,13 @@ class Service:
         candidates: list[budget_mod.Candidate] = []
         for pid, m in list(self.managed.items()):
             try:
-                decision, benefits = self._decide(m, phys, thp)
+                decided = self._decide(m, phys, thp)
             except (procfs.ProcessGone, revmap.ProcessGone):
                 self._release(pid, "exited")
                 continue
+            if decided is None:
+                continue
+            decision, benefits = decided
             candidates += [budget_mod.Candidate(pid, m.rule, s, benefits[s])
                            for s in decision.promote]
         held = {pid: m.held_bytes for pid, m in self.managed.items()}
@@ -398,10 +403,16 @@ class Service:
             self.write_json()
 
     def _decide(self, m: Managed, phys: Snapshot,
-                thp: str) -> tuple[policy.Decision, dict[int, float]]:
+                thp: str) -> tuple[policy.Decision, dict[int, float]] | None:
+        """The process's decision on this aggregation, or None while it faults memory in
+        (sources.populating: its picture is blurred)."""
         maps = procfs.read_maps(m.pid)
         anon = [x for x in maps if x.anonymous_private]
         frames = revmap.read_page_frames(m.pid, [(x.start, x.end) for x in anon])
+        before, m.resident = m.resident, frames.resident_pages * revmap.PAGE_BYTES
+        if sources.populating(before, m.resident):
+            m.populating_snapshots += 1
+            return None
         snap = revmap.reverse_map(phys, frames).snapshot
         mappings = [x.range for x in anon]
         status = m.files.status()

@@ -144,6 +144,23 @@ class VaddrSource(_Base):
             self.kd.stop()
 
 
+# A process faulting memory in makes every frame it touches read as accessed, and a physical
+# region holds frames of many virtual ranges: ranges written a few aggregations ago still read
+# hot beside the ones being written now. In the VM (paddr, 400 ms aggregations) a 256 MiB cold
+# buffer written at start-up was half collapsed that way. While the target's resident memory
+# grows by more than this per aggregation, its snapshots carry no evidence.
+POPULATING_MIN_BYTES = 8 << 20
+POPULATING_SHARE = 0.02
+
+
+def populating(resident_before: int | None, resident_now: int) -> bool:
+    """Did the target fault in enough memory since the last snapshot (bytes) to blur it?"""
+    if resident_before is None:
+        return resident_now > POPULATING_MIN_BYTES  # its whole start-up lies in this one
+    grown = resident_now - resident_before
+    return grown > max(POPULATING_MIN_BYTES, POPULATING_SHARE * resident_before)
+
+
 class ReverseMappedSource(_Base):
     """A paddr kdamond's events (ours or not), reverse-mapped onto the target."""
 
@@ -157,6 +174,8 @@ class ReverseMappedSource(_Base):
         self.target_pid = target_pid
         self._alive = alive
         self._owned_kd = owned_kd
+        self._resident: int | None = None
+        self.populating_snapshots = 0  # withheld: the target was faulting memory in
 
     def snapshot(self) -> Snapshot | None:
         # The newest aggregation only: a reverse map of a 4 GiB target costs 0.1-0.5 s of CPU
@@ -174,6 +193,10 @@ class ReverseMappedSource(_Base):
                 self.target_pid, [(m.start, m.end) for m in maps if m.anonymous_private])
         except (procfs.ProcessGone, revmap.ProcessGone):
             return None  # the agent's loop notices the exit through its pidfd
+        before, self._resident = self._resident, frames.resident_pages * revmap.PAGE_BYTES
+        if populating(before, self._resident):
+            self.populating_snapshots += 1
+            return None
         return revmap.reverse_map(phys, frames).snapshot
 
     def close(self) -> None:
@@ -203,13 +226,18 @@ def passive_limits(schemes: str) -> list[str]:
         f"its own schemes ({schemes}) keep running; damon-hp never changes them",
         "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is "
         f"by collapse alone; {NO_DEMOTION}",
+        POPULATING_LIMIT,
     ]
 
+
+POPULATING_LIMIT = ("aggregations in which the target grew by more than 2 % (8 MiB at least) "
+                    "are not used: frames being faulted in read as accessed")
 
 PADDR_LIMITS = [
     "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is by "
     f"collapse alone; {NO_DEMOTION}",
     "one kdamond watches all of physical memory; its regions are split among every process",
+    POPULATING_LIMIT,
 ]
 
 
