@@ -243,6 +243,7 @@ class Agent:
                 self.report.populating_snapshots = getattr(self.source, "populating_snapshots", 0)
                 self._tick()
                 continue
+            self.report.monitored_share = getattr(self.source, "monitored_share", None)
             try:
                 self.step(snap)
             except procfs.ProcessGone:

@@ -113,6 +113,9 @@ class RunReport:
     snapshots: int = 0
     empty_snapshots: int = 0
     populating_snapshots: int = 0
+    monitored_share: float | None = None
+    """physical sources: share of the target's resident pages in the physical memory the
+    kdamond monitors, at the last snapshot (the rest is invisible to damon-hp)"""
     """physical sources: aggregations withheld while the target faulted memory in"""
     snapshot_errors: int = 0
     scheme_errors: int = 0
@@ -221,6 +224,7 @@ class RunReport:
             "minor_faults": self.minflt,
             "major_faults": self.majflt,
             "hot_bytes": self.hot_bytes,
+            "monitored_share": _round(self.monitored_share),
             "hot_huge_bytes": self.hot_huge_bytes,
             "hot_coverage": _round(self.coverage, 4),
             "damos": self.damos,
@@ -291,6 +295,9 @@ def format_table(r: RunReport) -> str:
         ("minor/major faults", f"{_n(r.minflt)} / {_n(r.majflt)}"),
         ("hot set (last snapshot)", fmt_bytes(r.hot_bytes)),
         ("hot-set coverage", f"{fmt_pct(r.coverage)} of hot bytes on huge pages"),
+        *([("memory watched", f"{fmt_pct(r.monitored_share)} of the target's resident pages "
+            "lie in the physical memory the kdamond monitors; the rest is invisible")]
+          if r.monitored_share is not None else []),
     ]
     rows += _extra_rows(r.extra)
     width = max(len(k) for k, _ in rows)
@@ -356,6 +363,8 @@ def format_progress(r: RunReport) -> str:
         f"hot {fmt_bytes(e.hot_bytes)} ({fmt_pct(cov)} huge), "
         f"AnonHugePages {fmt_bytes(e.huge_bytes)}, "
         f"promoted {r.collapse.ok} ({fmt_bytes(r.collapse.bytes)}), demoted {r.demotions}"
+        + (f"; only {fmt_pct(r.monitored_share)} of its memory is watched by the kdamond"
+           if r.monitored_share is not None and r.monitored_share < 0.9 else "")
     )
 
 

@@ -175,6 +175,7 @@ class ReverseMappedSource(_Base):
         self._alive = alive
         self._owned_kd = owned_kd
         self._resident: int | None = None
+        self.monitored_share: float | None = None  # of resident pages, at the last snapshot
         self.populating_snapshots = 0  # withheld: the target was faulting memory in
 
     def snapshot(self) -> Snapshot | None:
@@ -197,7 +198,10 @@ class ReverseMappedSource(_Base):
         if populating(before, self._resident):
             self.populating_snapshots += 1
             return None
-        return revmap.reverse_map(phys, frames).snapshot
+        mapped = revmap.reverse_map(phys, frames)
+        if mapped.resident_pages:
+            self.monitored_share = mapped.monitored_pages / mapped.resident_pages
+        return mapped.snapshot
 
     def close(self) -> None:
         try:
