@@ -37,6 +37,13 @@ warmup = false
     return p
 
 
+def _as_in_a_terminal() -> None:
+    # Ctrl-C reaches a foreground program with SIGINT at its default. A suite started in the
+    # background of a non-interactive shell (`make test &`) inherits SIGINT ignored, and the
+    # runner, like any Python program, then keeps ignoring it: these tests timed out so.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([DAMON_HP, "experiment", "run", *args], capture_output=True,
                           text=True, timeout=600, check=False, **kw)
@@ -122,7 +129,8 @@ args = ["--hot", "4M", "--cold", "12M", "--seconds", "{seconds}"]
 """)
     out = tmp_path / "out"
     proc = subprocess.Popen([DAMON_HP, "experiment", "run", str(exp), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_in_a_terminal)
     try:
         deadline = time.monotonic() + 120
         while not _processes_with(marker):
@@ -161,7 +169,8 @@ args = ["--hot", "4M", "--cold", "4M", "--seconds", "{seconds}"]
 """)
     proc = subprocess.Popen([DAMON_HP, "experiment", "run", str(exp), "--out",
                              str(tmp_path / "out")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_in_a_terminal)
     time.sleep(delay_s)
     proc.send_signal(signal.SIGINT)
     try:
