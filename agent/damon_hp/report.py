@@ -113,10 +113,10 @@ class RunReport:
     snapshots: int = 0
     empty_snapshots: int = 0
     populating_snapshots: int = 0
+    """physical sources: aggregations withheld while the target faulted memory in"""
     monitored_share: float | None = None
     """physical sources: share of the target's resident pages in the physical memory the
     kdamond monitors, at the last snapshot (the rest is invisible to damon-hp)"""
-    """physical sources: aggregations withheld while the target faulted memory in"""
     snapshot_errors: int = 0
     scheme_errors: int = 0
     collapse: CollapseTally = field(default_factory=CollapseTally)
