@@ -48,17 +48,17 @@ INSTANCES = Path("/sys/kernel/tracing/instances")
 HOT, COLD = "64M", "256M"
 DEADLINE_S = 120.0
 HOT_SHARE = 0.90
-# Our paddr source is judged on behaviour, not precision: it must promote the hot buffer ahead
-# of the cold one (a broken reverse map promotes both alike, or neither). How far it gets is
-# physics of the frame layout: a DAMON region of all of RAM's 6 GiB mixes frames of the cold
-# buffer with busy ones, so cold ranges read hot in some aggregations. Seen in loaded fresh-clone
-# runs (2026-11-23/24): cold 0-13.5 % on a fresh VM, 12.5-75 % after other vm tests; hot stuck
-# at 69 % for 120 s once (two suites at once, one TCG thread), with cold at 41 %. Those figures
-# are the benchmark's, not a bound here.
-PADDR_HOT_SHARE = 0.50
-# Not asserted for passive (as in tests/host/test_agent_passive.py): it depends on how fast the
-# foreign kdamond splits its regions. Over a 1 s-aggregation kdamond started just before the run:
-# 256M/1G 0.8-31 % (71 % and 81 % after the rest of the vm tier), 64M/256M 17-92 %.
+# The physical sources (paddr, passive) are judged on behaviour, not precision: each must
+# promote the hot buffer ahead of the cold one (a broken reverse map promotes both alike, or
+# neither). How far they get is physics of the frame layout: a DAMON region of all of RAM mixes
+# frames of the cold buffer with busy ones (cold ranges then read hot in some aggregations),
+# and frames freed by the first collapses dilute the regions of the hot frames left (hot then
+# plateaus). Seen in loaded fresh-clone runs (2026-11-23/24, two suites at once, one TCG
+# thread): paddr cold 0-13.5 % on a fresh VM, 12.5-75 % after other vm tests, hot stuck at 69 %
+# for 120 s with cold at 41 %; passive hot stuck at 84 % with cold at 48 %, and over a
+# 1 s-aggregation kdamond started just before the run cold 17-92 % (64M/256M). Those figures
+# are the benchmark's (experiments/bench-sources.py), not bounds here.
+PHYSICAL_HOT_SHARE = 0.50
 
 
 @pytest.fixture(autouse=True)
@@ -177,12 +177,12 @@ def run_until_hot(args: list[str], out: Path, wrap: list[str] | None = None,
 def test_paddr_source_backs_the_hot_buffer_and_leaves_no_kdamond(tmp_path) -> None:
     out = tmp_path / "out.json"
     hc, took, samples, err, code = run_until_hot(["--source", "paddr"], out,
-                                                 share=PADDR_HOT_SHARE)
-    print(f"paddr: {PADDR_HOT_SHARE:.0%} of the hot buffer huge after {took} s; samples "
+                                                 share=PHYSICAL_HOT_SHARE)
+    print(f"paddr: {PHYSICAL_HOT_SHARE:.0%} of the hot buffer huge after {took} s; samples "
           f"{samples}")
     print(err[err.find("damon-hp summary"):])
     assert took is not None, (
-        f"hot buffer not {PADDR_HOT_SHARE:.0%} huge within {DEADLINE_S} s: {samples}\n{err}")
+        f"hot buffer not {PHYSICAL_HOT_SHARE:.0%} huge within {DEADLINE_S} s: {samples}\n{err}")
     _, hot_then, cold_then = samples[-2]  # the sample that reached the share ("end" follows)
     assert cold_then < hot_then, f"the cold buffer was promoted as fast as the hot one: {samples}"
     assert code == 0, err  # hotcold exits 0 on SIGTERM, passed through
@@ -276,11 +276,14 @@ def test_passive_source_backs_the_hot_buffer_through_a_foreign_kdamond_it_never_
     assert before["state"].strip() == "on"
     out = tmp_path / "out.json"
     hc, took, samples, err, code = run_until_hot(["--source", "passive"], out,
-                                                 wrap=READ_ONLY_DAMON)
+                                                 wrap=READ_ONLY_DAMON, share=PHYSICAL_HOT_SHARE)
     after = foreign.files()
-    print(f"passive: {HOT_SHARE:.0%} of the hot buffer huge after {took} s (cold huge then: "
-          f"{samples[-1][2]:.1%}); samples {samples}")
-    assert took is not None, f"hot buffer not huge within {DEADLINE_S} s: {samples}\n{err}"
+    print(f"passive: {PHYSICAL_HOT_SHARE:.0%} of the hot buffer huge after {took} s; samples "
+          f"{samples}")
+    assert took is not None, (
+        f"hot buffer not {PHYSICAL_HOT_SHARE:.0%} huge within {DEADLINE_S} s: {samples}\n{err}")
+    _, hot_then, cold_then = samples[-2]  # the sample that reached the share ("end" follows)
+    assert cold_then < hot_then, f"the cold buffer was promoted as fast as the hot one: {samples}"
     assert code == 0, err
     s = json.loads(out.read_text())["summary"]
     assert s["source"]["name"] == "passive"
