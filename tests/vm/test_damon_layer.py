@@ -124,20 +124,23 @@ def test_hot_buffer_shows_clearly_more_accesses_than_cold_buffer(hotcold):
     assert hot >= 5 * max(cold, 1.0)
 
 
-def test_cold_buffer_ages_while_hot_buffer_keeps_changing(hotcold):
+def test_cold_buffer_ages_while_hot_buffer_reads_accessed(hotcold):
     with start_vaddr(hotcold.pid, INTERVALS, 10, 200) as kd:
         time.sleep(WARMUP_S)
         snaps = [kd.snapshot() for _ in range(3)]
 
-    def median_age(s: Snapshot, rng: AddrRange) -> float:
-        return statistics.median(r.age for r in s.regions_in(rng)
+    def median(s: Snapshot, rng: AddrRange, field: str) -> float:
+        return statistics.median(getattr(r, field) for r in s.regions_in(rng)
                                  if r.range.overlap(rng) >= r.size // 2)
 
     # Age counts aggregations at an unchanged access level: the idle buffer keeps its level
-    # (0), the randomly read one moves by more than DAMON's merge threshold and is reset.
+    # (0) and ages. The hot buffer's age is not asserted: read at random it may move by more
+    # than DAMON's merge threshold (age reset) or saturate at every sample (nr_accesses 20 of
+    # 20, and then it ages as fast as the cold one: a loaded fresh-clone run, 2026-11-24).
     for s in snaps:
-        assert median_age(s, hotcold.cold) > median_age(s, hotcold.hot)
-    assert max(median_age(s, hotcold.cold) for s in snaps) >= 3
+        assert median(s, hotcold.cold, "nr_accesses") == 0
+        assert median(s, hotcold.hot, "nr_accesses") > 0
+    assert max(median(s, hotcold.cold, "age") for s in snaps) >= 3
 
 
 def test_stop_turns_off_our_kdamond_and_leaves_nothing_behind(hotcold):
