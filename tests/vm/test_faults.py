@@ -123,13 +123,18 @@ class Agent:
         self.pid = self.proc.pid
 
     def kdamond(self) -> Path:
-        """Our kdamond's sysfs directory, once it runs (the only kdamond in the VM)."""
+        """Our kdamond's sysfs directory, once the agent has started it and opened its event
+        stream (the only kdamond in the VM). The claim record alone comes before the kdamond
+        starts: a loaded fresh-clone run stopped the kdamond inside the agent's start-up, and
+        the agent rightly said it had not started, not that monitoring was lost."""
         found: list[Path] = []
 
         def one() -> bool:
             assert self.proc.poll() is None, f"the agent exited early:\n{self.finish()[1]}"
             found[:] = running_kdamonds()
-            return len(found) == 1 and (self.run_dir / f"agent-{self.pid}.json").exists()
+            stream = any(n.startswith(f"damon-hp-{self.pid}-") for n in os.listdir(INSTANCES))
+            return (len(found) == 1 and stream
+                    and (self.run_dir / f"agent-{self.pid}.json").exists())
 
         wait_for("the agent's kdamond", one)
         return found[0]
