@@ -9,7 +9,6 @@
  * --hugepage makes the program madvise(MADV_HUGEPAGE) the table before filling it: with the host's
  * THP mode "madvise" that is how this one process gets huge pages without a global switch.
  */
-#include <getopt.h>
 #include <stdatomic.h>
 
 #include "microbench.h"
@@ -101,49 +100,15 @@ int main(int argc, char **argv)
 	long long threads = 1, updates = -1;
 	double seconds = -1;
 	bool hugepage = false;
-	static const struct option opts[] = {
-		{ "size", required_argument, NULL, 'z' },
-		{ "updates", required_argument, NULL, 'u' },
-		{ "seconds", required_argument, NULL, 's' },
-		{ "threads", required_argument, NULL, 't' },
-		{ "hugepage", no_argument, NULL, 'g' },
-		{ "help", no_argument, NULL, 'H' },
+	const struct mb_arg args[] = {
+		{ "size", MB_ARG_SIZE, &size, sizeof(uint64_t), 0, 0, "a size >= 8 (e.g. 2G)" },
+		{ "updates", MB_ARG_COUNT, &updates, 1, 0, 0, "a count >= 1" },
+		{ "seconds", MB_ARG_SECONDS, &seconds, 0, 0, 0, "a number of seconds >= 0" },
+		{ "threads", MB_ARG_COUNT, &threads, 1, 1024, 0, "a number from 1 to 1024" },
+		{ .name = "hugepage", .kind = MB_ARG_FLAG, .value = &hugepage },
 		{ 0 },
 	};
-	int opt;
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'z':
-			size = mb_parse_size(optarg);
-			if (size < sizeof(uint64_t))
-				bad_args("--size: '%s' is not a size >= 8 (e.g. 2G)", optarg);
-			break;
-		case 'u':
-			if ((updates = mb_parse_count(optarg)) < 1)
-				bad_args("--updates: '%s' is not a count >= 1", optarg);
-			break;
-		case 's':
-			if ((seconds = mb_parse_seconds(optarg)) < 0)
-				bad_args("--seconds: '%s' is not a number of seconds >= 0", optarg);
-			break;
-		case 't':
-			threads = mb_parse_count(optarg);
-			if (threads < 1 || threads > 1024)
-				bad_args("--threads: '%s' is not a number from 1 to 1024", optarg);
-			break;
-		case 'g':
-			hugepage = true;
-			break;
-		case 'H':
-			usage(stdout);
-			return 0;
-		default:
-			bad_args("unknown or incomplete option '%s'", argv[optind - 1]);
-		}
-	}
-	if (optind < argc)
-		bad_args("unexpected argument '%s'", argv[optind]);
+	mb_parse_args(PROG, usage, argc, argv, args);
 	if (updates > 0 && seconds >= 0)
 		bad_args("--updates and --seconds exclude each other");
 	if (updates < 0 && seconds < 0)

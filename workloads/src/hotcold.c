@@ -7,7 +7,6 @@
  * follows as a second JSON line at the end (also on SIGINT/SIGTERM). Nothing here madvises:
  * which range gets huge pages is what the agent is being scored on.
  */
-#include <getopt.h>
 #include <stdatomic.h>
 
 #include "microbench.h"
@@ -47,7 +46,6 @@ static void usage(FILE *f)
 		"Exit status: 0 done, 1 runtime failure, 2 bad arguments.\n");
 }
 
-#define bad_args(...) mb_bad_args(PROG, usage, __VA_ARGS__)
 
 static void *reader(void *arg)
 {
@@ -68,46 +66,14 @@ int main(int argc, char **argv)
 	uint64_t hot_size = DEFAULT_HOT, cold_size = DEFAULT_COLD;
 	long long threads = 1;
 	double seconds = 10;
-	static const struct option opts[] = {
-		{ "hot", required_argument, NULL, 'h' },
-		{ "cold", required_argument, NULL, 'c' },
-		{ "threads", required_argument, NULL, 't' },
-		{ "seconds", required_argument, NULL, 's' },
-		{ "help", no_argument, NULL, 'H' },
+	const struct mb_arg args[] = {
+		{ "hot", MB_ARG_SIZE, &hot_size, MB_LINE, 0, 0, "a size >= 64 (e.g. 64M)" },
+		{ "cold", MB_ARG_SIZE, &cold_size, 1, 0, 0, "a size > 0 (e.g. 256M)" },
+		{ "threads", MB_ARG_COUNT, &threads, 1, 1024, 0, "a number from 1 to 1024" },
+		{ "seconds", MB_ARG_SECONDS, &seconds, 0, 0, 0, "a number of seconds >= 0" },
 		{ 0 },
 	};
-	int opt;
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'h':
-			if (!(hot_size = mb_parse_size(optarg)))
-				bad_args("--hot: '%s' is not a size > 0 (e.g. 64M)", optarg);
-			break;
-		case 'c':
-			if (!(cold_size = mb_parse_size(optarg)))
-				bad_args("--cold: '%s' is not a size > 0 (e.g. 256M)", optarg);
-			break;
-		case 't':
-			threads = mb_parse_count(optarg);
-			if (threads < 1 || threads > 1024)
-				bad_args("--threads: '%s' is not a number from 1 to 1024", optarg);
-			break;
-		case 's':
-			if ((seconds = mb_parse_seconds(optarg)) < 0)
-				bad_args("--seconds: '%s' is not a number of seconds >= 0", optarg);
-			break;
-		case 'H':
-			usage(stdout);
-			return 0;
-		default:
-			bad_args("unknown or incomplete option '%s'", argv[optind - 1]);
-		}
-	}
-	if (optind < argc)
-		bad_args("unexpected argument '%s'", argv[optind]);
-	if (hot_size < MB_LINE)
-		bad_args("--hot: must be at least 64 bytes");
+	mb_parse_args(PROG, usage, argc, argv, args);
 
 	sigset_t stopset;
 	mb_block_stop_signals(&stopset);

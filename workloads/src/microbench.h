@@ -4,6 +4,7 @@
 #define MICROBENCH_H
 
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -99,6 +100,88 @@ static inline double mb_parse_seconds(const char *s)
 	if (errno || *end || !(v >= 0) || v > 1e9)
 		return -1;
 	return v;
+}
+
+/*
+ * The benchmarks' command lines, as tables: one entry per --option, the value it fills and the
+ * range it accepts, so that every program rejects a bad value the same way and names what a
+ * good one looks like ("--hot: '0' is not a size > 0 (e.g. 64M)").
+ */
+enum mb_arg_kind { MB_ARG_SIZE, MB_ARG_COUNT, MB_ARG_SECONDS, MB_ARG_FLAG };
+
+struct mb_arg {
+	const char *name;
+	enum mb_arg_kind kind;
+	void *value;      /* uint64_t *, long long *, double * or bool *, by kind */
+	double min, max;  /* accepted range; max 0: no upper bound */
+	uint64_t multiple; /* sizes only: must be a multiple of this (0: any) */
+	const char *want; /* the end of "'X' is not ...": what a good value is */
+};
+
+static inline bool mb_arg_set(const struct mb_arg *a, const char *s)
+{
+	double v;
+	switch (a->kind) {
+	case MB_ARG_SIZE: {
+		uint64_t size = mb_parse_size(s);
+		if (!size || (a->multiple && size % a->multiple))
+			return false;
+		*(uint64_t *)a->value = size;
+		v = (double)size;
+		break;
+	}
+	case MB_ARG_COUNT:
+		*(long long *)a->value = mb_parse_count(s);
+		v = (double)*(long long *)a->value;
+		break;
+	case MB_ARG_SECONDS:
+		v = *(double *)a->value = mb_parse_seconds(s);
+		break;
+	default:
+		*(bool *)a->value = true;
+		return true;
+	}
+	return v >= 0 && v >= a->min && (a->max == 0 || v <= a->max);
+}
+
+/*
+ * Fills the values of `args` (ended by an entry without a name) from argv. --help prints the
+ * usage on stdout and exits 0; an unknown option, a missing or bad value or a stray argument
+ * exits 2 with the usage on stderr.
+ */
+static inline void mb_parse_args(const char *prog, void (*usage)(FILE *), int argc, char **argv,
+				 const struct mb_arg *args)
+{
+	enum { HELP = 1, FIRST = 256 };
+	size_t n = 0;
+	while (args[n].name)
+		n++;
+	struct option *opts = calloc(n + 2, sizeof(*opts));
+	if (!opts) {
+		fprintf(stderr, "%s: out of memory\n", prog);
+		exit(1);
+	}
+	for (size_t i = 0; i < n; i++)
+		opts[i] = (struct option){ args[i].name,
+			args[i].kind == MB_ARG_FLAG ? no_argument : required_argument, NULL,
+			FIRST + (int)i };
+	opts[n] = (struct option){ "help", no_argument, NULL, HELP };
+	int opt;
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (opt == HELP) {
+			usage(stdout);
+			exit(0);
+		}
+		if (opt < FIRST)
+			mb_bad_args(prog, usage, "unknown or incomplete option '%s'", argv[optind - 1]);
+		const struct mb_arg *a = &args[opt - FIRST];
+		if (!mb_arg_set(a, optarg))
+			mb_bad_args(prog, usage, "--%s: '%s' is not %s", a->name, optarg, a->want);
+	}
+	if (optind < argc)
+		mb_bad_args(prog, usage, "unexpected argument '%s'", argv[optind]);
+	free(opts);
 }
 
 /*

@@ -9,7 +9,6 @@
  * once, so a test can move the hot set when it has seen what it waits for, not on a timer. No
  * madvise here.
  */
-#include <getopt.h>
 #include <stdatomic.h>
 
 #include "microbench.h"
@@ -52,7 +51,6 @@ static void usage(FILE *f)
 		"2 bad arguments.\n");
 }
 
-#define bad_args(...) mb_bad_args(PROG, usage, __VA_ARGS__)
 
 static void *reader(void *arg)
 {
@@ -72,52 +70,17 @@ int main(int argc, char **argv)
 	long long nregions = 4, nphases = -1, threads = 1;
 	uint64_t region_size = 64ULL << 20;
 	double phase_seconds = 5;
-	static const struct option opts[] = {
-		{ "regions", required_argument, NULL, 'n' },
-		{ "region-size", required_argument, NULL, 'z' },
-		{ "phase-seconds", required_argument, NULL, 's' },
-		{ "phases", required_argument, NULL, 'p' },
-		{ "threads", required_argument, NULL, 't' },
-		{ "help", no_argument, NULL, 'H' },
+	const struct mb_arg args[] = {
+		{ "regions", MB_ARG_COUNT, &nregions, 1, 4096, 0, "a number from 1 to 4096" },
+		{ "region-size", MB_ARG_SIZE, &region_size, MB_LINE, 0, 0,
+		  "a size >= 64 (e.g. 64M)" },
+		{ "phase-seconds", MB_ARG_SECONDS, &phase_seconds, 1e-6, 0, 0,
+		  "a number of seconds > 0" },
+		{ "phases", MB_ARG_COUNT, &nphases, 0, 0, 0, "a count >= 0" },
+		{ "threads", MB_ARG_COUNT, &threads, 1, 1024, 0, "a number from 1 to 1024" },
 		{ 0 },
 	};
-	int opt;
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'n':
-			nregions = mb_parse_count(optarg);
-			if (nregions < 1 || nregions > 4096)
-				bad_args("--regions: '%s' is not a number from 1 to 4096", optarg);
-			break;
-		case 'z':
-			region_size = mb_parse_size(optarg);
-			if (region_size < MB_LINE)
-				bad_args("--region-size: '%s' is not a size >= 64 (e.g. 64M)", optarg);
-			break;
-		case 's':
-			phase_seconds = mb_parse_seconds(optarg);
-			if (!(phase_seconds > 0))
-				bad_args("--phase-seconds: '%s' is not a number of seconds > 0", optarg);
-			break;
-		case 'p':
-			if ((nphases = mb_parse_count(optarg)) < 0)
-				bad_args("--phases: '%s' is not a count >= 0", optarg);
-			break;
-		case 't':
-			threads = mb_parse_count(optarg);
-			if (threads < 1 || threads > 1024)
-				bad_args("--threads: '%s' is not a number from 1 to 1024", optarg);
-			break;
-		case 'H':
-			usage(stdout);
-			return 0;
-		default:
-			bad_args("unknown or incomplete option '%s'", argv[optind - 1]);
-		}
-	}
-	if (optind < argc)
-		bad_args("unexpected argument '%s'", argv[optind]);
+	mb_parse_args(PROG, usage, argc, argv, args);
 	if (nphases < 0)
 		nphases = nregions;
 
