@@ -15,15 +15,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from leftovers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HOTCOLD = ROOT / "workloads/bin/hotcold"
 ADMIN = Path("/sys/kernel/mm/damon/admin")
-INSTANCES = Path("/sys/kernel/tracing/instances")
 MIB = 1 << 20
 START_S = 60.0  # the daemon's start and first scan: seconds here, more on a loaded host
 
@@ -43,11 +42,6 @@ def running_kdamonds() -> set[str]:
     return out
 
 
-def instances_of(pid: int) -> list[str]:
-    try:
-        return sorted(n for n in os.listdir(INSTANCES) if n.startswith(f"damon-hp-{pid}-"))
-    except FileNotFoundError:
-        return []
 
 
 def anon_huge(pid: int) -> int:
@@ -60,14 +54,6 @@ def anon_huge(pid: int) -> int:
     return 0
 
 
-def wait_for(what: str, ok: Callable[[], object], timeout_s: float,
-             every_s: float = 0.3) -> float:
-    """Seconds it took until ok() was true; fails after timeout_s."""
-    t0 = time.monotonic()
-    while not ok():
-        assert time.monotonic() - t0 < timeout_s, f"timed out after {timeout_s} s: {what}"
-        time.sleep(every_s)
-    return time.monotonic() - t0
 
 
 class Workloads:

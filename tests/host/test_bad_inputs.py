@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from leftovers import instances_of, session_members
 from thp_settings import thp_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,25 +242,8 @@ def damon_hp_cgroups() -> list[str]:
     return sorted(str(p) for p in [*root.glob("damon-hp*"), *root.glob("*/damon-hp*")])
 
 
-def instances_of(pid: int) -> list[str]:
-    try:
-        return sorted(n for n in os.listdir(INSTANCES) if n.startswith(f"damon-hp-{pid}-"))
-    except FileNotFoundError:
-        return []
 
 
-def session_members(sid: int) -> list[str]:
-    """Processes still in session `sid` (each case runs in a session of its own)."""
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and int(d.name) != sid:
-            out.append(f"{d.name} {stat[stat.index('(') + 1:stat.rindex(')')]}")
-    return out
 
 
 def tree(root: Path) -> list[str]:
@@ -372,7 +356,7 @@ def test_bad_input_is_refused_with_a_message_and_changes_nothing(
     for fragment in case.says:
         assert fill(fragment, values) in err, err
     assert "Traceback" not in err + out, err
-    assert session_members(proc.pid) == [], "a process of the case outlived it"
+    assert session_members(proc.pid, with_leader=False) == [], "a process of the case outlived it"
     assert instances_of(proc.pid) == [], "a tracefs instance was left"
     assert tree(tmp_path) == files_before, "a file was created (record, output, directory)"
     assert system_state() == before

@@ -33,10 +33,9 @@ from daemon_host import (
     Workloads,
     anon_huge,
     foreign_kdamond_running,
-    instances_of,
     running_kdamonds,
-    wait_for,
 )
+from leftovers import instances_of, wait_for
 from thp_settings import thp_settings
 
 BUDGET = 96 * MIB

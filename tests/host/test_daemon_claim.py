@@ -20,10 +20,9 @@ from daemon_host import (
     Daemon,
     Workloads,
     foreign_kdamond_running,
-    instances_of,
     status,
-    wait_for,
 )
+from leftovers import instances_of, wait_for
 
 pytestmark = pytest.mark.skipif(not foreign_kdamond_running(),
                                 reason="no kdamond for the passive source")

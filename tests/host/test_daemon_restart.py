@@ -22,12 +22,11 @@ from daemon_host import (
     Workloads,
     anon_huge,
     foreign_kdamond_running,
-    instances_of,
     running_kdamonds,
     status,
-    wait_for,
 )
 from damon_hp import actuate
+from leftovers import instances_of, wait_for
 
 BUDGET = 32 * MIB
 HUGE = 2 * MIB

@@ -23,10 +23,11 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from leftovers import alive, instances_of, session_members, wait_for
 from thp_settings import thp_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,38 +62,12 @@ def kdamond_states() -> dict[str, tuple[str, str]]:
     return out
 
 
-def instances_of(pid: int) -> list[str]:
-    try:
-        return sorted(n for n in os.listdir(INSTANCES) if n.startswith(f"damon-hp-{pid}-"))
-    except FileNotFoundError:
-        return []
 
 
-def session_members(sid: int) -> list[str]:
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            text = (d / "stat").read_text()
-        except OSError:
-            continue
-        if int(text[text.rindex(")") + 2:].split()[3]) == sid:
-            out.append(f"{d.name} {text[text.index('(') + 1:text.rindex(')')]}")
-    return out
 
 
-def alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2] != "Z"
 
 
-def wait_for(what: str, ok: Callable[[], object], timeout_s: float = START_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 class Agent:
@@ -121,7 +96,7 @@ class Agent:
         return bool(instances_of(self.pid) and rec and rec.get("source"))
 
     def wait_started(self) -> None:
-        wait_for(f"agent {self.pid} to start monitoring", self.started)
+        wait_for(f"agent {self.pid} to start monitoring", self.started, START_S)
 
     def instance(self) -> Path:
         names = instances_of(self.pid)

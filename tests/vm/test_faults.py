@@ -26,12 +26,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from damon_hp import procfs
 from damon_hp.policy import PolicyParams
+from leftovers import alive, instances_of, session_members, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
@@ -86,31 +87,10 @@ def kdamond_threads() -> list[int]:
     return pids
 
 
-def session_members(sid: int) -> list[str]:
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            text = (d / "stat").read_text()
-        except OSError:
-            continue
-        if int(text[text.rindex(")") + 2:].split()[3]) == sid:
-            out.append(f"{d.name} {text[text.index('(') + 1:text.rindex(')')]}")
-    return out
 
 
-def alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2] != "Z"
 
 
-def wait_for(what: str, ok: Callable[[], object], timeout_s: float = START_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
 
 
 class Agent:
@@ -136,7 +116,7 @@ class Agent:
             return (len(found) == 1 and stream
                     and (self.run_dir / f"agent-{self.pid}.json").exists())
 
-        wait_for("the agent's kdamond", one)
+        wait_for("the agent's kdamond", one, START_S)
         return found[0]
 
     def finish(self, timeout_s: float = 300) -> tuple[str, str]:
@@ -295,8 +275,7 @@ def test_run_whose_kdamond_another_tool_stops_lets_the_command_finish(world, req
                                 "echo $!; wait $!; exit 6"])
     hotcold_pid = int(agent.proc.stdout.readline())
     stop_it(agent.kdamond())
-    wait_for("the agent to say so", lambda: not [
-        n for n in os.listdir(INSTANCES) if n.startswith(f"damon-hp-{agent.pid}-")], 120)
+    wait_for("the agent to say so", lambda: not instances_of(agent.pid), 120)
     assert alive(hotcold_pid) and agent.proc.poll() is None, "the command must run on"
     os.kill(hotcold_pid, signal.SIGTERM)
     _, err = agent.finish()
@@ -396,7 +375,7 @@ def test_damon_sysfs_busy_for_seconds_is_waited_out(world, other_tool, tmp_path,
     start_hammer(other_tool, REGIONS_HELD_BRIEFLY)
     agent = start_agent(world, ["attach", "-q", "--json", str(out), str(target.pid)])
     wait_for("the agent to claim its target",
-             lambda: (world["run_dir"] / f"agent-{agent.pid}.json").exists())
+             lambda: (world["run_dir"] / f"agent-{agent.pid}.json").exists(), START_S)
     time.sleep(BUSY_FOR_S)
     stop_hammer(other_tool)
     agent.kdamond()

@@ -1,0 +1,55 @@
+"""What the fault, bad-input and daemon tests look for after each case: processes still in a
+case's session, damon-hp tracefs instances of a pid, and a polling wait. Shared by the host and
+vm tiers (`tests/` is on the import path)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+INSTANCES = Path("/sys/kernel/tracing/instances")
+
+
+def instances_of(pid: int) -> list[str]:
+    """The tracefs instances damon-hp process `pid` made (named damon-hp-PID-...)."""
+    try:
+        return sorted(n for n in os.listdir(INSTANCES) if n.startswith(f"damon-hp-{pid}-"))
+    except FileNotFoundError:
+        return []
+
+
+def session_members(sid: int, with_leader: bool = True) -> list[str]:
+    """"PID comm" of every process in session `sid` (each case runs in a session of its own,
+    so whatever it started and left behind is here)."""
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            text = (d / "stat").read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[3]) != sid:
+            continue
+        if with_leader or int(d.name) != sid:
+            out.append(f"{d.name} {text[text.index('(') + 1:text.rindex(')')]}")
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2] != "Z"
+
+
+def wait_for(what: str, ok: Callable[[], object], timeout_s: float,
+             every_s: float = 0.25) -> float:
+    """Seconds it took until ok() was true; fails naming `what` after timeout_s."""
+    t0 = time.monotonic()
+    while not ok():
+        assert time.monotonic() - t0 < timeout_s, f"timed out after {timeout_s} s: {what}"
+        time.sleep(every_s)
+    return time.monotonic() - t0
