@@ -1,6 +1,11 @@
 """What the fault, bad-input and daemon tests look for after each case: processes still in a
-case's session, damon-hp tracefs instances of a pid, and a polling wait. Shared by the host and
-vm tiers (`tests/` is on the import path)."""
+case's session, damon-hp tracefs instances of a pid, the kdamonds and sysfs settings as found,
+and a polling wait. Shared by the host and vm tiers (`tests/` is on the import path).
+
+DAMON sysfs is read as damon-hp reads it, EBUSY retried (`damon_hp.damon.io.read`): a kdamond
+takes DAMON's sysfs lock for a moment at every aggregation and any other DAMON reader may hold
+it, so a bare read of `state` or `pid` now and then fails with EBUSY; a check that skipped or
+raised on that would report a change that did not happen."""
 
 from __future__ import annotations
 
@@ -9,7 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from damon_hp.damon import io as damon_io
+
 INSTANCES = Path("/sys/kernel/tracing/instances")
+ADMIN = Path("/sys/kernel/mm/damon/admin")
 
 
 def instances_of(pid: int) -> list[str]:
@@ -53,3 +61,31 @@ def wait_for(what: str, ok: Callable[[], object], timeout_s: float,
         assert time.monotonic() - t0 < timeout_s, f"timed out after {timeout_s} s: {what}"
         time.sleep(every_s)
     return time.monotonic() - t0
+
+
+def damon_read(path: Path) -> str:
+    """A DAMON sysfs file's text, EBUSY retried (see above)."""
+    return damon_io.read(path)
+
+
+def kdamond_states(admin: Path = ADMIN) -> dict[str, tuple[str, str]]:
+    """(state, pid) of every kdamond directory."""
+    return {kd.name: (damon_read(kd / "state"), damon_read(kd / "pid"))
+            for kd in damon_io.numbered_dirs(admin / "kdamonds")}
+
+
+def sysfs_tree(root: Path, skip: Callable[[str], bool] = lambda rel: False) -> dict[str, str]:
+    """Every readable file under `root` (path relative to it -> text), but those `skip` names;
+    write-only files are left out, EBUSY is retried."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if skip(rel):
+                continue
+            try:
+                out[rel] = damon_io.read(path)
+            except OSError:
+                continue  # write-only
+    return out

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from leftovers import wait_for
+from leftovers import damon_read, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -35,8 +35,8 @@ def running_kdamonds() -> set[str]:
     out = set()
     for d in (ADMIN / "kdamonds").glob("[0-9]*"):
         try:
-            if (d / "state").read_text().strip() == "on":
-                out.add((d / "pid").read_text().strip())
+            if damon_read(d / "state") == "on":
+                out.add(damon_read(d / "pid"))
         except OSError:
             continue
     return out

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from leftovers import damon_read, sysfs_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
@@ -29,23 +30,15 @@ INSTANCES = Path("/sys/kernel/tracing/instances")
 def read_tree(root: Path) -> dict[str, str]:
     """Every readable file under the foreign kdamond's dir (state, pid, intervals, schemes),
     less what the kernel itself keeps updating (scheme counters, the paddr target's region)."""
-    out = {}
-    for dirpath, _, files in os.walk(root):
-        if {"stats", "tried_regions", "regions"} & set(Path(dirpath).parts):
-            continue
-        for name in files:
-            try:
-                out[str(Path(dirpath) / name)] = (Path(dirpath) / name).read_text()
-            except OSError:
-                continue
-    return out
+    return sysfs_tree(root, lambda rel: bool({"stats", "tried_regions", "regions"}
+                                             & set(Path(rel).parent.parts)))
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare missing")
 def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_damon_file(
         tmp_path) -> None:
     kdamonds = [d for d in (ADMIN / "kdamonds").iterdir() if d.name.isdigit()]
-    running = [d for d in kdamonds if (d / "state").read_text().strip() == "on"]
+    running = [d for d in kdamonds if damon_read(d / "state") == "on"]
     assert running, "this host was expected to run a foreign kdamond (see DEVELOPERS.md)"
     before = read_tree(running[0])
     out = tmp_path / "run.json"
@@ -59,7 +52,7 @@ def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_d
     report = json.loads(out.read_text())
     s = report["summary"]
     assert s["source"]["name"] == "passive"
-    assert s["source"]["kdamond_pid"] == int((running[0] / "pid").read_text())
+    assert s["source"]["kdamond_pid"] == int(damon_read(running[0] / "pid"))
     assert s["source"]["reader"] == "event stream + pagemap reverse map"
     hot = json.loads(p.stdout.splitlines()[0])["hot"]
     hot_size = hot["end"] - hot["start"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from leftovers import instances_of, session_members
+from leftovers import instances_of, kdamond_states, session_members
 from thp_settings import thp_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,14 +227,6 @@ CASES = [
 # the system's state that no bad input may change
 
 
-def kdamond_states() -> dict[str, tuple[str, str]]:
-    out = {}
-    for kd in sorted((ADMIN / "kdamonds").glob("[0-9]*")):
-        try:
-            out[kd.name] = ((kd / "state").read_text().strip(), (kd / "pid").read_text().strip())
-        except OSError:
-            continue
-    return out
 
 
 def damon_hp_cgroups() -> list[str]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from leftovers import kdamond_states
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = [sys.executable, "-m", "damon_hp.cli"]
@@ -23,11 +24,6 @@ def damon_hp(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
                           cwd=ROOT)
 
 
-def kdamond_states() -> dict[str, tuple[str, str]]:
-    out = {}
-    for kd in sorted((ADMIN / "kdamonds").glob("[0-9]*")):
-        out[kd.name] = ((kd / "state").read_text().strip(), (kd / "pid").read_text().strip())
-    return out
 
 
 def test_attach_to_a_pid_that_never_existed_exits_2_naming_the_pid() -> None:

@@ -33,6 +33,7 @@ from damon_hp.damon.events import (
     remove_stale_instances,
 )
 from damon_hp.damon.revmap import PM_PFN_MASK, PM_PRESENT, read_page_frames, reverse_map
+from leftovers import damon_read, sysfs_tree
 from reference.revmap_ref import page_by_page
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,22 +62,9 @@ class Kdamond:
         return self.aggr_us / 1e6
 
 
-def _read(path: Path) -> str:
-    return path.read_text().strip()
-
-
 def damon_settings() -> dict[str, str]:
     """Every readable DAMON sysfs setting that only a writer can change."""
-    out = {}
-    for path in sorted(KDAMONDS.rglob("*")):
-        rel = str(path.relative_to(KDAMONDS))
-        if not path.is_file() or any(v in f"/{rel}" for v in _VOLATILE):
-            continue
-        try:
-            out[rel] = _read(path)
-        except OSError:
-            continue  # write-only files
-    return out
+    return sysfs_tree(KDAMONDS, lambda rel: any(v in f"/{rel}" for v in _VOLATILE))
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +72,7 @@ def kdamond() -> Kdamond:
     running = []
     if KDAMONDS.is_dir():
         for kd in sorted(KDAMONDS.iterdir()):
-            if kd.name.isdigit() and _read(kd / "state") == "on":
+            if kd.name.isdigit() and damon_read(kd / "state") == "on":
                 running.append(kd)
     assert running, (
         "these tests read the damon_aggregated events of a running kdamond, and none runs "
@@ -94,11 +82,11 @@ def kdamond() -> Kdamond:
     ctx = kd / "contexts/0"
     return Kdamond(
         index=int(kd.name),
-        pid=int(_read(kd / "pid")),
-        ops=_read(ctx / "operations"),
-        sample_us=int(_read(ctx / "monitoring_attrs/intervals/sample_us")),
-        aggr_us=int(_read(ctx / "monitoring_attrs/intervals/aggr_us")),
-        max_nr_regions=int(_read(ctx / "monitoring_attrs/nr_regions/max")),
+        pid=int(damon_read(kd / "pid")),
+        ops=damon_read(ctx / "operations"),
+        sample_us=int(damon_read(ctx / "monitoring_attrs/intervals/sample_us")),
+        aggr_us=int(damon_read(ctx / "monitoring_attrs/intervals/aggr_us")),
+        max_nr_regions=int(damon_read(ctx / "monitoring_attrs/nr_regions/max")),
     )
 
 
@@ -109,10 +97,10 @@ def our_instances() -> list[str]:
 @pytest.fixture(autouse=True)
 def leaves_damon_and_tracing_alone():
     settings = damon_settings()
-    global_enable = _read(TRACEFS / EVENT_DIR / "enable")
+    global_enable = damon_read(TRACEFS / EVENT_DIR / "enable")
     yield
     assert damon_settings() == settings, "a DAMON sysfs setting changed during the test"
-    assert _read(TRACEFS / EVENT_DIR / "enable") == global_enable
+    assert damon_read(TRACEFS / EVENT_DIR / "enable") == global_enable
     assert our_instances() == []
 
 
@@ -214,11 +202,11 @@ def test_instance_is_private_filtered_and_removed_on_close(kdamond):
     try:
         assert path is not None and path.name == instance_name(os.getpid(), int(
             path.name.rsplit("-", 1)[1]))
-        assert _read(path / EVENT_DIR / "enable") == "1"
-        assert _read(path / EVENT_DIR / "filter") == f"common_pid == {kdamond.pid}"
+        assert damon_read(path / EVENT_DIR / "enable") == "1"
+        assert damon_read(path / EVENT_DIR / "filter") == f"common_pid == {kdamond.pid}"
         # The kernel rounds the size up to whole pages of its sub-buffers.
         want = buffer_size_kb(kdamond.max_nr_regions)
-        assert want <= int(_read(path / "buffer_size_kb")) < want + 64
+        assert want <= int(damon_read(path / "buffer_size_kb")) < want + 64
     finally:
         s.close()
     assert not path.exists()

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from leftovers import damon_read, sysfs_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = ROOT / ".venv/bin/damon-hp"
@@ -25,31 +26,23 @@ THP = Path("/sys/kernel/mm/transparent_hugepage")
 # THP counters the kernel moves by itself (allocation stats, khugepaged progress): not
 # settings, so they are left out of "nothing changed". DAMON's scheme stats stay in: they
 # only move when someone writes update_schemes_stats, which doctor must never do.
-THP_COUNTERS = ("/stats/", "khugepaged/full_scans", "khugepaged/pages_collapsed")
+THP_COUNTERS = ("stats/", "khugepaged/full_scans", "khugepaged/pages_collapsed")
 
 
 def read_tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
     """Every readable file under `root` with its content, except paths containing `skip`."""
-    out = {}
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            p = Path(dirpath) / name
-            if any(c in str(p) for c in skip):
-                continue
-            try:
-                out[str(p)] = p.read_text()
-            except OSError:
-                pass
-    return out
+    return sysfs_tree(root, lambda rel: any(c in rel for c in skip))
+
+
 
 
 def running_kdamonds() -> list[tuple[int, int, str]]:
     """(index, pid, ops) of every running kdamond, read from sysfs."""
     out = []
     for kd in sorted((ADMIN / "kdamonds").glob("[0-9]*")):
-        if (kd / "state").read_text().strip() == "on":
-            ops = (kd / "contexts/0/operations").read_text().strip()
-            out.append((int(kd.name), int((kd / "pid").read_text()), ops))
+        if damon_read(kd / "state") == "on":
+            ops = damon_read(kd / "contexts/0/operations")
+            out.append((int(kd.name), int(damon_read(kd / "pid")), ops))
     return out
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from damon_hp.errors import EnvironmentProblem
 from damon_hp.experiment import arms
+from leftovers import kdamond_states
 
 DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -191,8 +192,7 @@ def test_damon_hp_and_thp_always_run_on_the_host_without_changing_anything_globa
     """damon-hp runs with the source that works here (passive beside the foreign kdamond) and
     the workload's own CPU time is counted; thp-always (the LD_PRELOAD shim) backs memory the
     program mmaps itself with huge pages; THP settings and DAMON sysfs stay as they were."""
-    damon_state = sorted((p, p.read_text()) for p in
-                         Path("/sys/kernel/mm/damon/admin/kdamonds").glob("*/state"))
+    damon_state = kdamond_states()
     thp_before = THP.read_text()
     exp = _experiment(tmp_path, """
 [[workloads]]
@@ -214,5 +214,4 @@ args = ["--hot", "32M", "--cold", "32M", "--seconds", "3"]
     for r in runs.values():
         assert r["ops"] > 0 and r["steal_frac"] is not None
     assert THP.read_text() == thp_before
-    assert sorted((p, p.read_text()) for p in
-                  Path("/sys/kernel/mm/damon/admin/kdamonds").glob("*/state")) == damon_state
+    assert kdamond_states() == damon_state
