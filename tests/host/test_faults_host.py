@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from leftovers import alive, instances_of, session_members, wait_for
+from leftovers import alive, instances_of, kdamond_states, session_members, wait_for
 from thp_settings import thp_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,14 +52,6 @@ def hotcold(seconds: int, hot: str = "64M", cold: str = "64M") -> list[str]:
 # what must never be left behind
 
 
-def kdamond_states() -> dict[str, tuple[str, str]]:
-    out = {}
-    for kd in sorted((ADMIN / "kdamonds").glob("[0-9]*")):
-        try:
-            out[kd.name] = ((kd / "state").read_text().strip(), (kd / "pid").read_text().strip())
-        except OSError:
-            continue
-    return out
 
 
 
@@ -359,6 +351,40 @@ def test_our_instance_cannot_be_removed_while_we_read_it_and_the_agent_runs_on(
     a.proc.send_signal(signal.SIGTERM)
     _, err = a.finish()
     assert a.proc.returncode == 0, err
+    assert_nothing_left([a], world["run_dir"])
+    passed(request)
+
+
+@pytest.mark.skipif(shutil.which("nsenter") is None, reason="util-linux nsenter missing")
+def test_tracefs_unmounted_under_the_agent_neither_stops_it_nor_strands_its_instance(
+        world, tmp_path, request):
+    """The agent runs in a mount namespace of its own, where tracefs is then unmounted
+    (lazily: the mount is busy with the agent's files); the host's mount is never touched. The
+    instance lives on in the one tracefs superblock, visible wherever tracefs is mounted, so
+    the agent must keep reading and still remove it at the end."""
+    target = start_target(world, hotcold(600))
+    out = tmp_path / "out.json"
+    a = start_agent(world, ["attach", "-q", "--json", str(out), str(target.pid)],
+                    prefix=["unshare", "--mount", "--propagation", "private"])
+    a.wait_started()
+    inst = a.instance()
+    ns = f"--mount=/proc/{a.pid}/ns/mnt"
+    subprocess.run(["nsenter", ns, "umount", "-l", "/sys/kernel/tracing"], check=True,
+                   timeout=30)
+    gone = subprocess.run(["nsenter", ns, "findmnt", "/sys/kernel/tracing"],
+                          capture_output=True, timeout=30)
+    assert gone.returncode != 0, "tracefs is still mounted in the agent's namespace"
+    seen = (a.record() or {}).get("snapshots", 0)
+    # Snapshots keep coming (one per aggregation of the foreign kdamond, 5 s here).
+    wait_for("a snapshot after the unmount",
+             lambda: (a.record() or {}).get("snapshots", 0) > seen, START_S)
+    assert a.proc.poll() is None and inst.exists()
+    a.proc.send_signal(signal.SIGTERM)
+    _, err = a.finish()
+    assert a.proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert json.loads(out.read_text())["summary"]["stopped_by"] != "event stream lost"
+    assert not inst.exists(), "the instance was stranded in the tracefs superblock"
     assert_nothing_left([a], world["run_dir"])
     passed(request)
 

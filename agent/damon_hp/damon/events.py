@@ -63,6 +63,7 @@ MIN_BUFFER_KB = 128
 HEALTH_CHECK_S = 1.0
 _READ_BYTES = 1 << 16
 _RMDIR_TRIES = 20
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 _instance_seq = itertools.count()
 
@@ -334,6 +335,12 @@ class AggregatedEventStream:
         self.lost_events = 0
         self.skipped_snapshots = 0
         self._fd: int | None = None
+        # Directory fds of tracefs/instances and of our instance: everything after open() goes
+        # through them, so that a tracefs unmounted (lazily) while we read neither blinds the
+        # agent nor strands the instance, which lives on in the one tracefs superblock and
+        # would show again wherever tracefs is mounted.
+        self._instances_fd: int | None = None
+        self._instance_fd: int | None = None
         self._pending = b""
         self._ready: deque[Snapshot] = deque()
         self._filter = f"common_pid == {kdamond_pid}"
@@ -346,21 +353,25 @@ class AggregatedEventStream:
         if self.instance is not None:
             return self
         self._check_environment()
+        instances = self.tracefs / "instances"
+        self._instances_fd = os.open(instances, _DIR_FLAGS)
         while True:
-            path = self.tracefs / "instances" / instance_name(os.getpid(), next(_instance_seq))
+            name = instance_name(os.getpid(), next(_instance_seq))
             try:
-                os.mkdir(path)
+                os.mkdir(name, dir_fd=self._instances_fd)
                 break
             except FileExistsError:
                 continue  # left by a dead process that had our pid
             except PermissionError as e:
+                self._close_dir_fds()
                 raise EnvironmentProblem(
-                    f"cannot create tracefs instance {path}: permission denied; reading DAMON "
-                    "events needs root"
+                    f"cannot create tracefs instance {instances / name}: permission denied; "
+                    "reading DAMON events needs root"
                 ) from e
-        self.instance = path
+        self.instance = instances / name
         try:
-            self._configure(path)
+            self._instance_fd = os.open(name, _DIR_FLAGS, dir_fd=self._instances_fd)
+            self._configure()
         except BaseException:
             self.close()
             raise
@@ -389,14 +400,21 @@ class AggregatedEventStream:
                 f"kdamond pid {self.kdamond_pid} does not exist: the kdamond has stopped"
             )
 
-    def _configure(self, path: Path) -> None:
+    def _configure(self) -> None:
         # A monotonic trace clock makes event times comparable across CPUs (the kdamond
         # migrates) and with time.monotonic().
-        _write(path / "trace_clock", "mono")
-        _write(path / "buffer_size_kb", str(buffer_size_kb(self.max_nr_regions)))
-        _write(path / EVENT_DIR / "filter", self._filter)
-        _write(path / EVENT_DIR / "enable", "1")
-        self._fd = os.open(path / "trace_pipe", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = self._instance_fd
+        _write_at(fd, "trace_clock", "mono")
+        _write_at(fd, "buffer_size_kb", str(buffer_size_kb(self.max_nr_regions)))
+        _write_at(fd, f"{EVENT_DIR}/filter", self._filter)
+        _write_at(fd, f"{EVENT_DIR}/enable", "1")
+        self._fd = os.open("trace_pipe", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+
+    def _close_dir_fds(self) -> None:
+        for fd in (self._instance_fd, self._instances_fd):
+            if fd is not None:
+                os.close(fd)
+        self._instance_fd = self._instances_fd = None
 
     def close(self) -> None:
         """Remove the instance. Idempotent; safe from any exit path."""
@@ -404,12 +422,22 @@ class AggregatedEventStream:
             # rmdir fails with EBUSY while trace_pipe is open.
             os.close(self._fd)
             self._fd = None
+        if self._instance_fd is not None:
+            os.close(self._instance_fd)
+            self._instance_fd = None
         if self.instance is None:
+            self._close_dir_fds()
             return
         path, self.instance = self.instance, None
+        try:
+            self._remove(path)
+        finally:
+            self._close_dir_fds()
+
+    def _remove(self, path: Path) -> None:
         for attempt in range(_RMDIR_TRIES):
             try:
-                os.rmdir(path)
+                os.rmdir(path.name, dir_fd=self._instances_fd)
                 return
             except FileNotFoundError:
                 return
@@ -519,10 +547,11 @@ class AggregatedEventStream:
         """Raise EventStreamLost if our instance no longer delivers our events."""
         path = self.instance
         assert path is not None
+        fd = self._instance_fd
         try:
-            enabled = _read(path / EVENT_DIR / "enable")
-            filt = _read(path / EVENT_DIR / "filter")
-            tracing_on = _read(path / "tracing_on")
+            enabled = _read_at(fd, f"{EVENT_DIR}/enable")
+            filt = _read_at(fd, f"{EVENT_DIR}/filter")
+            tracing_on = _read_at(fd, "tracing_on")
         except FileNotFoundError as e:
             raise EventStreamLost(
                 f"tracefs instance {path} was removed while damon-hp read it"
@@ -550,11 +579,17 @@ class AggregatedEventStream:
         return self.assembler.dropped_groups
 
 
-def _write(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+def _write_at(dir_fd: int | None, name: str, text: str) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
-def _read(path: Path) -> str:
-    with open(path) as f:
-        return f.read().strip()
+def _read_at(dir_fd: int | None, name: str) -> str:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        return os.read(fd, 4096).decode().strip()
+    finally:
+        os.close(fd)
