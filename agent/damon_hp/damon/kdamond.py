@@ -3,6 +3,8 @@
 - `start_vaddr(pid)` creates and starts a kdamond watching one process and returns an
   `OwnedKdamond`, the only handle through which a kdamond is changed or stopped. It refuses,
   before writing anything, while a kdamond damon-hp did not start runs (see placement.py).
+- `start_vaddr_multi(pids)` (the daemon) starts one with a vaddr target per pid;
+  `OwnedKdamond.set_targets` commits a new target list while it runs (targets.py).
 - `reclaim_stale()` stops kdamonds left running by damon-hp agents that died, only when an
   ownership record proves them ours.
 
