@@ -20,14 +20,20 @@ a third rule excludes a fourth; the budget (48 MiB) is smaller than the hot sets
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from damon_hp import procfs
-from damon_hp.damon import io
+from damon_hp.daemon.vaddr import MultiTargetSource
+from damon_hp.damon import io, kdamond
 from damon_hp.damon.events import INSTANCE_PREFIX
+from damon_hp.damon.kdamond import KdamondStopped, start_vaddr_multi
+from damon_hp.damon.sources import MonitorSettings
+from damon_hp.options import MonitorOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests/host"))
@@ -87,6 +93,15 @@ exe = "{folder}/hc-excl"
 
 def running_kdamonds() -> dict[int, list[int]]:
     """kdamond pid -> its context's target pids, in order, for every running kdamond."""
+    for _ in range(50):
+        try:
+            return _running_kdamonds()
+        except OSError:  # the daemon rewrote nr_targets while we read: its dirs went
+            time.sleep(0.2)
+    return _running_kdamonds()
+
+
+def _running_kdamonds() -> dict[int, list[int]]:
     out = {}
     for d in io.numbered_dirs(KDAMONDS):
         if io.read(d / "state") != "on":
@@ -196,6 +211,7 @@ def test_daemon_watches_every_process_through_one_vaddr_kdamond(tmp_path) -> Non
             daemon.kill()
             print(f"damon-hpd log:\n{daemon.log()}")  # shown when the test fails
         work.stop_all()
+        kdamond.reclaim_stale(run_dir=run_dir)  # after a failure: a free DAMON for the next
 
     assert not watcher.broken, watcher.broken[:5]
     assert watcher.looks > 0
@@ -207,3 +223,97 @@ def test_daemon_watches_every_process_through_one_vaddr_kdamond(tmp_path) -> Non
     assert not list(run_dir.glob("*.json")), list(run_dir.iterdir())
     print(f"waits (s): { {k: round(v, 1) for k, v in took.items()} }; most huge at once "
           f"{watcher.most / MIB:.0f} MiB of 48")
+
+
+def test_a_commit_naming_an_exited_pid_ends_the_kdamond_and_the_source_starts_anew() -> None:
+    """Linux 6.12: a commit whose target list names a pid that has exited stops the running
+    kdamond, though the write succeeds. `set_targets` says so (KdamondStopped), and the
+    daemon's source then starts a new kdamond with the processes still alive."""
+    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
+    a, b, c = (p.pid for p in sleepers)
+    source = None
+    try:
+        kd = start_vaddr_multi((a, b))
+        try:
+            sleepers[1].kill()
+            sleepers[1].wait()  # reaped: the pid is gone
+            with pytest.raises(KdamondStopped):
+                kd.set_targets((a, b, c))
+            assert running_kdamonds() == {}
+        finally:
+            kd.stop()
+        assert io.read_int(KDAMONDS / "nr_kdamonds", 0) == 0
+
+        logged: list[str] = []
+        m = MonitorOptions()
+        source = MultiTargetSource(
+            MonitorSettings(m.intervals, m.min_nr_regions, m.max_nr_regions, None), "test",
+            logged.append)
+        source.set_targets({a})
+        first = one_kdamond_with({a})
+        assert first is not None
+        sleepers[2].kill()
+        sleepers[2].wait()
+        # a scan that saw c alive just before it exited: the commit names it, the kdamond
+        # ends, and a new one starts with what is alive (at once, or at the next look)
+        source.set_targets({a, c})
+
+        def restarted() -> bool:
+            assert not source.stopped_unexpectedly(), logged
+            return source.restarts == 1
+
+        wait_for("a new kdamond after the commit that ended the old one", restarted, 30)
+        kpid = one_kdamond_with({a})
+        assert kpid not in (None, first), running_kdamonds()
+        source.set_targets(set())
+        assert running_kdamonds() == {}
+    finally:
+        if source is not None:
+            source.close()
+        for p in sleepers:
+            p.kill()
+            p.wait()
+    assert io.read_int(KDAMONDS / "nr_kdamonds", 0) == 0
+    assert not [n for n in INSTANCES.iterdir() if n.name.startswith(INSTANCE_PREFIX)]
+
+
+def test_a_killed_daemons_kdamond_that_stopped_on_its_own_does_not_block_the_next(
+        tmp_path) -> None:
+    """SIGKILL, then every process it watched exits: the kdamond stops on its own and leaves
+    its configured dir. The next daemon clears it (the ownership record names the first
+    target) instead of refusing DAMON as configured by someone else."""
+    work = Workloads(tmp_path, ["hc-big", "hc-small", "hc-excl"])
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(config(tmp_path))
+    run_dir = tmp_path / "run"
+    daemon = None
+    try:
+        one = work.start("one", "hc-small", "8M", "8M", seconds=0, nice=NICE)
+        two = work.start("two", "hc-small", "8M", "8M", seconds=0, nice=NICE)
+        daemon = Daemon(cfg, run_dir, tmp_path / "daemon.err")
+        wait_for("one kdamond on both", lambda: one_kdamond_with({one, two}), START_S)
+        work.stop("one")  # the first slot goes: the record must follow the new first target
+        wait_for("the kdamond on the second only", lambda: one_kdamond_with({two}), PICKUP_S)
+        daemon.kill()
+        work.stop("two")
+        wait_for("the dead daemon's kdamond to stop on its own",
+                 lambda: running_kdamonds() == {}, PICKUP_S)
+        assert io.read_int(KDAMONDS / "nr_kdamonds", 0) == 1  # its dir is still configured
+        killed = daemon
+        daemon = Daemon(cfg, run_dir, tmp_path / "daemon2.err")
+        wait_for("the next daemon to start",
+                 lambda: daemon.running() and "config " in daemon.log(), START_S)
+        daemon.running()
+        assert daemon.terminate(timeout_s=60) == 0, daemon.log()
+        log = daemon.log()
+    finally:
+        if daemon is not None:
+            daemon.kill()
+            print(f"damon-hpd log:\n{daemon.log()}")  # shown when the test fails
+        work.stop_all()
+        kdamond.reclaim_stale(run_dir=run_dir)
+    assert "access source vaddr" in log, log
+    assert io.read_int(KDAMONDS / "nr_kdamonds", 0) == 0, "the dead daemon's dir is left"
+    assert not [n for n in INSTANCES.iterdir() if n.name.startswith(INSTANCE_PREFIX)]
+    assert not list(run_dir.glob("*.json")), list(run_dir.iterdir())
+    assert not killed.records()

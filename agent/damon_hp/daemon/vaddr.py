@@ -22,6 +22,9 @@ from damon_hp.damon.targets import TargetMap, plan_slots
 from damon_hp.errors import DamonHpError
 
 BURST_WAIT_S = 0.05  # the rest of one aggregation's events, once its first target came
+# A kdamond that a commit ends may still read as running when the commit returns: one found
+# stopped this soon after our last commit is taken for that, not for monitoring lost.
+COMMIT_AFTERMATH_S = 10.0
 
 LIMITS = [
     "no DAMOS hugepage/nohugepage marks in the daemon yet: promotion is by collapse alone; "
@@ -48,6 +51,7 @@ class MultiTargetSource:
         self.map = TargetMap(stale_s=(2 * mon.intervals.update_us + mon.intervals.aggr_us)
                              / 1e6 + 1.0)
         self.restarts = 0
+        self._committed_at = 0.0
 
     # -- what the service reads ----------------------------------------------------------
 
@@ -82,16 +86,27 @@ class MultiTargetSource:
         return out
 
     def stopped_unexpectedly(self) -> bool:
-        """Our kdamond is gone although a process it watched still runs."""
+        """Our kdamond is gone although a process it watched still runs (after a commit of
+        ours, a new kdamond is started instead: see `set_targets`)."""
         if self.kd is None or self.kd.is_running():
             return False
-        return any(ownership.process_start_ticks(p) is not None for p in self.map.pids)
+        alive = tuple(p for p in self.map.pids if ownership.process_start_ticks(p) is not None)
+        if not alive:
+            return False
+        if time.monotonic() - self._committed_at > COMMIT_AFTERMATH_S:
+            return True
+        self._restart(alive, f"kdamond {self.kd.index} stopped after a target update")
+        return False
 
     # -- following the managed set -------------------------------------------------------
 
     def set_targets(self, pids: set[int]) -> None:
         if self.kd is not None and not self.kd.is_running():
-            self._stop()  # its targets all exited (or a commit ended it)
+            if any(ownership.process_start_ticks(p) is not None for p in self.map.pids):
+                self._log(f"kdamond {self.kd.index} stopped with targets alive; starting "
+                          "a new one")
+                self.restarts += 1
+            self._stop()  # else its targets all exited: a vaddr kdamond then stops
         slots = plan_slots(self.map.pids, pids)
         if slots == self.map.pids and self.kd is not None:
             return
@@ -101,17 +116,21 @@ class MultiTargetSource:
         if self.kd is None:
             self._start(slots)
             return
+        self._committed_at = time.monotonic()
         try:
             written, settled = self.kd.set_targets(slots)
         except KdamondStopped as e:
-            self._log(f"{str(e).removeprefix('damon-hp: ')}; starting a new one")
-            self.restarts += 1
-            self._stop()
             alive = tuple(p for p in slots if ownership.process_start_ticks(p) is not None)
-            if alive:
-                self._start(alive)
+            self._restart(alive, str(e).removeprefix("damon-hp: "))
             return
         self.map.committed(slots, written, settled)
+
+    def _restart(self, alive: tuple[int, ...], why: str) -> None:
+        self._log(f"{why}; starting a new one")
+        self.restarts += 1
+        self._stop()
+        if alive:
+            self._start(alive)
 
     def _start(self, slots: tuple[int, ...]) -> None:
         written = time.monotonic()

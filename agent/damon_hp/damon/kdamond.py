@@ -304,6 +304,12 @@ class OwnedKdamond:
         if not pids:
             raise ValueError("a running kdamond needs at least one target; stop it instead")
         self._require_running()
+        if self.record is not None and self.record.target_pid != pids[0]:
+            # The record names a target, first: what lets the next start clear this dir once
+            # the kdamond has stopped on its own (every target exited) and we are gone.
+            rec = ownership.OwnerRecord(**{**self.record.to_dict(), "target_pid": pids[0]})
+            ownership.write_record(rec, self._record_dir)
+            self.record = rec
         tdir = self.ctx / "targets"
         io.write(tdir / "nr_targets", len(pids))
         for i, pid in enumerate(pids):
@@ -568,8 +574,11 @@ def reclaim_stale(run_dir: Path | None = None, admin: Path = ADMIN) -> list[str]
             if state != "absent":
                 try:
                     # Targets of a daemon's kdamond change while it runs: the proven one's are
-                    # the ones read just before stopping it.
-                    _clear_idle_dir(admin, index, targets if proven else (rec.target_pid,))
+                    # the ones read just before stopping it; one that stopped on its own
+                    # (every target exited) lists the record's pid (set_targets records one of
+                    # the new list before writing it, a survivor of the old where there is one).
+                    ours = proven or rec.target_pid in targets
+                    _clear_idle_dir(admin, index, targets if ours else (rec.target_pid,))
                 except DamonHpError as e:
                     done.append(f"could not clear idle kdamond {index}: {e}")
         ownership.remove_record(index, run_dir, only=rec)
