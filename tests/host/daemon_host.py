@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from leftovers import damon_read, wait_for
@@ -56,6 +57,30 @@ def anon_huge(pid: int) -> int:
 
 
 
+class BudgetWatcher(threading.Thread):
+    """Looks at the processes' huge pages twice a second until halted; keeps what broke: the
+    managed ones together over `budget`, or any huge page in the excluded one."""
+
+    def __init__(self, managed: list[int], excluded: int, budget: int) -> None:
+        super().__init__(daemon=True)
+        self.managed, self.excluded, self.budget = managed, excluded, budget
+        self.looks = 0
+        self.most = 0
+        self.broken: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(0.5):
+            total = sum(anon_huge(p) for p in list(self.managed))
+            self.most = max(self.most, total)
+            if total > self.budget:
+                self.broken.append(f"{total / MIB:.0f} MiB huge over the "
+                                   f"{self.budget / MIB:.0f} MiB budget")
+            if anon_huge(self.excluded):
+                self.broken.append("the excluded process has huge pages")
+            self.looks += 1
+
+
 class Workloads:
     """hotcold copies named `names` in `folder`; every one started is killed by `stop_all`."""
 
@@ -66,10 +91,13 @@ class Workloads:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, key: str, exe: str, hot: str, cold: str, threads: int = 1,
-              seconds: int = 150) -> int:
+              seconds: int = 150, nice: int = 0) -> int:
+        """`nice`: for a CPU shared with the daemon (the test VM's one vCPU), where busy
+        readers at the daemon's priority slow every `damon-hp status` to a minute."""
         self.procs[key] = subprocess.Popen(
             [str(self.folder / exe), "--hot", hot, "--cold", cold, "--threads", str(threads),
-             "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
+             "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None)
         return self.procs[key].pid
 
     def pid(self, key: str) -> int:

@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from daemon_host import (
     MIB,
+    BudgetWatcher,
     Daemon,
     Workloads,
-    anon_huge,
     foreign_kdamond_running,
     running_kdamonds,
 )
@@ -75,28 +74,6 @@ BAD_LINE = 22  # the line of the broken rule appended below
 BAD_RULE = '\n[[rule]]\nexe = "x"\ncmdline = "(["\n'
 
 
-class Watcher(threading.Thread):
-    """Looks at the processes' huge pages twice a second until stopped; keeps what broke."""
-
-    def __init__(self, managed: list[int], excluded: int) -> None:
-        super().__init__(daemon=True)
-        self.managed, self.excluded = managed, excluded
-        self.looks = 0
-        self.most = 0
-        self.broken: list[str] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.wait(0.5):
-            total = sum(anon_huge(p) for p in self.managed)
-            self.most = max(self.most, total)
-            if total > BUDGET:
-                self.broken.append(f"{total / MIB:.0f} MiB huge over the 96 MiB budget")
-            if anon_huge(self.excluded):
-                self.broken.append("the excluded process has huge pages")
-            self.looks += 1
-
-
 def test_daemon_keeps_its_budget_and_rules_and_leaves_nothing_behind(tmp_path) -> None:
     work = Workloads(tmp_path, ["hc-big", "hc-small", "hc-excl"])
     cfg = tmp_path / "daemon.toml"
@@ -111,7 +88,7 @@ def test_daemon_keeps_its_budget_and_rules_and_leaves_nothing_behind(tmp_path) -
         t0 = time.monotonic()
         daemon = Daemon(cfg, tmp_path / "run", tmp_path / "daemon.err", out)
         # small2's pid is not known yet: the watcher's list is completed when it starts
-        watcher = Watcher([big, small1], excl)
+        watcher = BudgetWatcher([big, small1], excl, BUDGET)
         watcher.start()
         daemon.wait_managing({big, small1})
 

@@ -52,7 +52,7 @@ def test_the_example_config_in_the_repository_is_valid() -> None:
 @pytest.mark.parametrize("text, line, words", [
     ("[daemon]\nbudget = \"12X\"\n[[rule]]\nexe = \"a\"\n", 2, "neither a size"),
     ("[daemon]\nbudget = \"150%\"\n[[rule]]\nexe = \"a\"\n", 2, "within (0, 100]"),
-    ("[daemon]\nsource = \"vaddr\"\n[[rule]]\nexe = \"a\"\n", 2, "vaddr"),
+    ("[daemon]\nsource = \"vadr\"\n[[rule]]\nexe = \"a\"\n", 2, "not a source"),
     ("[daemon]\nscan_every_s = 0\n[[rule]]\nexe = \"a\"\n", 2, "positive number"),
     ("[daemon]\nfoo = 1\n[[rule]]\nexe = \"a\"\n", 2, "unknown key 'foo'"),
     ("[[rule]]\nexe = \"a\"\n\n[[rule]]\nname = \"b\"\ncmdline = \"([\"\n", 6,
@@ -108,3 +108,9 @@ def test_user_and_unit_rules() -> None:
     assert rule_for(proc(cgroup="/system.slice/a.service"), c) is not None
     assert rule_for(proc(cgroup="/system.slice/a.service", uid=1000), c) is None
     assert rule_for(proc(cgroup="/system.slice/b.service"), c) is None
+
+
+def test_source_vaddr_is_taken(tmp_path) -> None:
+    p = tmp_path / "d.toml"
+    p.write_text('[daemon]\nsource = "vaddr"\n[[rule]]\nexe = "a"\n')
+    assert load_config(str(p)).source.kind == "vaddr"

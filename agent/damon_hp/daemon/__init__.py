@@ -3,6 +3,9 @@
     config.py     the TOML rules and the budget, checked with the line of every mistake
     selection.py  /proc scanned against the rules (include and exclude)
     budget.py     pure: ranges of all processes admitted by expected benefit under the budget
-    service.py    the loop: one physical event stream, reverse-mapped onto each process, the
-                  same pure policy and actuator per process, status records, reload, stop
+    vaddr.py      source vaddr: one kdamond of ours, one vaddr target per managed process,
+                  its targets committed online as processes come and go
+    service.py    the loop: one event stream (that vaddr kdamond's, or a physical one
+                  reverse-mapped onto each process), the same pure policy and actuator per
+                  process, status records, reload, stop
 """

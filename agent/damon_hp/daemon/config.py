@@ -1,7 +1,8 @@
 """The daemon's TOML config: which processes to manage, which never, and the budget.
 
     [daemon]
-    source = "auto"            # auto (paddr, then passive) | paddr | passive | passive=PID
+    source = "auto"            # auto (vaddr, then paddr, then passive) | vaddr | paddr | passive
+                               # | passive=PID
     budget = "25%"             # damon-hp's huge pages, machine-wide: bytes ("512M") or % of RAM
     scan_every_s = 3           # how often /proc is scanned for new and exited processes
     summary_every_s = 60       # the summary line on stderr (the journal under systemd)
@@ -251,11 +252,7 @@ def parse_config(text: str, path: str = "<config>") -> DaemonConfig:
                 raise ValueError(f"unknown key {key!r} in [daemon] (it takes: "
                                  f"{', '.join(sorted(DAEMON_KEYS))})")
             if key == "source":
-                req = parse_source(_str(value, key))
-                if req.kind == "vaddr":
-                    raise ValueError("source vaddr is not supported by the daemon yet (one "
-                                     "machine-wide physical stream: auto, paddr or passive)")
-                kw["source"] = req
+                kw["source"] = parse_source(_str(value, key))
             elif key == "budget":
                 kw["budget"] = parse_budget(value)
             else:

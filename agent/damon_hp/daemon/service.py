@@ -1,19 +1,26 @@
-"""The daemon's loop: one physical access stream for every managed process.
+"""The daemon's loop: one access stream for every managed process.
 
-Each round, with one whole aggregation of the machine-wide paddr stream (our paddr kdamond,
-or a foreign one read passively):
+The stream (config `source`; auto picks the first that works here):
+- vaddr: ONE kdamond of ours with one vaddr target per managed process (daemon/vaddr.py),
+  its targets committed online as processes come and go; each round has the newest virtual
+  snapshot of each target.
+- paddr / passive: the machine-wide physical stream (our paddr kdamond, or a foreign one read
+  passively); each round has one whole aggregation, reverse-mapped onto every process.
 
-    for each managed process:  reverse map -> policy.decide (no budget of its own)
+Each round:
+
+    for each managed process:  (reverse map ->) policy.decide (no budget of its own)
     budget.admit               candidates of all processes, best first, under the budgets
     for each managed process:  actuator.apply(admitted) -> policy.record_outcomes
 
 Between rounds: /proc is rescanned every `scan_every_s` (new matches are managed, exited
-processes let go), SIGHUP reloads the config (a bad one is refused with its line, the old one
-keeps running), SIGTERM/SIGINT stop. Whatever ends the loop, `close()` removes our tracefs
-instance, stops our kdamond (if paddr) and removes every status record of ours.
+processes let go, and the vaddr kdamond's targets follow), SIGHUP reloads the config (a bad
+one is refused with its line, the old one keeps running), SIGTERM/SIGINT stop. Whatever ends
+the loop, `close()` removes our tracefs instance, stops our kdamond (vaddr, paddr) and
+removes every status record of ours.
 
-What this slice does not do: a vaddr kdamond with one target per process (the daemon reads a
-physical stream only), DAMOS marks (none without vaddr), per-process policy thresholds.
+What this slice does not do: DAMOS hugepage/nohugepage marks (promotion is by
+MADV_COLLAPSE alone, with every source), per-process policy thresholds.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from damon_hp.agent import streak_for_source
 from damon_hp.daemon import budget as budget_mod
 from damon_hp.daemon import selection
 from damon_hp.daemon.config import DaemonConfig, load_config
+from damon_hp.daemon.vaddr import MultiTargetSource
 from damon_hp.damon import events, kdamond, ownership, placement, revmap, sources
 from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import Snapshot
@@ -55,9 +63,13 @@ def mem_total_bytes() -> int:
     raise EnvironmentProblem("damon-hp daemon: /proc/meminfo has no MemTotal")
 
 
-def open_physical_source(request: sources.SourceRequest) -> sources.ReverseMappedSource:
-    """The machine-wide stream: our paddr kdamond where DAMON is free (auto, paddr), else a
-    foreign paddr kdamond's events (auto, passive). Bound to no process (target pid 0)."""
+Source = sources.ReverseMappedSource | MultiTargetSource
+
+
+def open_source(request: sources.SourceRequest) -> Source:
+    """Where DAMON is free with vaddr (auto, vaddr): our one kdamond with a target per process;
+    else the machine-wide physical stream: our paddr kdamond where DAMON is free (auto,
+    paddr), else a foreign paddr kdamond's events (auto, passive), bound to no process."""
     if request.kind != "passive":
         kdamond.reclaim_stale()
     events.remove_stale_instances()
@@ -69,16 +81,24 @@ def open_physical_source(request: sources.SourceRequest) -> sources.ReverseMappe
         raise EnvironmentProblem(f"damon-hp daemon: {found.error}; run it as root.")
     m = MonitorOptions()
     mon = sources.MonitorSettings(m.intervals, m.min_nr_regions, m.max_nr_regions, None)
+    if request.kind == "vaddr":
+        placement.plan_start(found, "vaddr")  # refused now, not at the first process
+        return MultiTargetSource(mon, "asked for in the config", log)
     if request.kind == "paddr":
         return sources._open_paddr(0, mon, "asked for in the config")
     if request.kind == "passive":
         return sources._open_passive(0, request, found, "asked for in the config")
-    try:
-        placement.plan_start(found, "paddr")
-    except EnvironmentProblem as e:
-        why = f"auto: no paddr kdamond of ours ({str(e).removeprefix('damon-hp: ')})"
-        return sources._open_passive(0, request, found, why)
-    return sources._open_paddr(0, mon, "auto: DAMON is free")
+    refusals = []
+    for kind in ("vaddr", "paddr"):
+        try:
+            placement.plan_start(found, kind)
+        except EnvironmentProblem as e:
+            refusals.append(f"no {kind} kdamond of ours ({str(e).removeprefix('damon-hp: ')})")
+            continue
+        if kind == "vaddr":
+            return MultiTargetSource(mon, "auto: DAMON is free and has vaddr", log)
+        return sources._open_paddr(0, mon, "auto: DAMON is free; " + refusals[0])
+    return sources._open_passive(0, request, found, "auto: " + "; ".join(refusals))
 
 
 class Managed:
@@ -131,7 +151,7 @@ class Service:
     def __init__(self, config: DaemonConfig, json_path: str | None = None) -> None:
         self.config = config
         self.json_path = json_path
-        self.source: sources.ReverseMappedSource | None = None
+        self.source: Source | None = None
         self.managed: dict[int, Managed] = {}
         # (pid, start ticks) another agent manages: said once, tried again every scan
         self.refused: set[tuple[int, int]] = set()
@@ -178,7 +198,7 @@ class Service:
 
     def start(self) -> None:
         status_records.remove_stale_statuses()
-        self.source = open_physical_source(self.config.source)
+        self.source = open_source(self.config.source)
         info = self.source.info()
         self.params = streak_for_source(policy.PolicyParams(), self.source.name,
                                         info["aggr_us"])
@@ -222,15 +242,19 @@ class Service:
                 self.rescan()
                 next_scan = now + self.config.scan_every_s
             try:
-                phys = self._newest_snapshot()
+                if isinstance(self.source, MultiTargetSource):
+                    virt = self.source.snapshots(READ_TIMEOUT_S)
+                    phys = None
+                else:
+                    virt, phys = None, self._newest_snapshot()
             except EventStreamLost as e:
                 log(str(e).removeprefix("damon-hp: "))
                 return "event stream lost"
             now = time.monotonic()
-            if phys is not None:
+            if phys is not None or virt:
                 last_snapshot = now
-                self.round(phys)
-            elif now - last_snapshot > 2 * aggr_s + 2 and not self.source.stream.kdamond_alive():
+                self.round(phys, virt)
+            elif now - last_snapshot > 2 * aggr_s + 2 and self._monitoring_lost():
                 log(f"{self.source.kdamond_label} stopped: nothing left to read")
                 return "kdamond stopped"
             if now >= next_status:
@@ -242,8 +266,14 @@ class Service:
                 next_summary = now + self.config.summary_every_s
         return signal.Signals(self.stop_signal).name
 
-    def _newest_snapshot(self) -> Snapshot | None:
+    def _monitoring_lost(self) -> bool:
         assert self.source is not None
+        if isinstance(self.source, MultiTargetSource):
+            return self.source.stopped_unexpectedly()
+        return not self.source.stream.kdamond_alive()
+
+    def _newest_snapshot(self) -> Snapshot | None:
+        assert isinstance(self.source, sources.ReverseMappedSource)
         stream = self.source.stream
         snap = stream.next_snapshot(READ_TIMEOUT_S)
         while snap is not None:
@@ -273,6 +303,13 @@ class Service:
         for pid, rule in chosen.items():
             if pid not in self.managed:
                 self._manage(alive[pid], rule.name)
+        if isinstance(self.source, MultiTargetSource):
+            try:
+                self.source.set_targets(set(self.managed))
+            except DamonHpError as e:
+                # e.g. a process exited between the scan and the kdamond's start: next scan
+                log(f"cannot give the kdamond its targets, trying again at the next scan: "
+                    f"{str(e).removeprefix('damon-hp: ')}")
 
     def _manage(self, info: selection.ProcessInfo, rule: str) -> None:
         key = (info.pid, info.start_ticks)
@@ -337,12 +374,20 @@ class Service:
 
     # -- one round -----------------------------------------------------------------------
 
-    def round(self, phys: Snapshot) -> None:
+    def round(self, phys: Snapshot | None, virt: dict[int, Snapshot] | None = None) -> None:
+        """One decision round: `phys`, a machine-wide physical aggregation, or `virt`, the
+        newest virtual snapshot of each target of our vaddr kdamond (processes without one
+        this time decide nothing, and what they hold still counts against the budgets)."""
         thp = procfs.thp_mode()
         candidates: list[budget_mod.Candidate] = []
         for pid, m in list(self.managed.items()):
             try:
-                decided = self._decide(m, phys, thp)
+                if virt is not None:
+                    snap = virt.get(pid)
+                    decided = None if snap is None else self._decide_on(m, snap, thp)
+                else:
+                    assert phys is not None
+                    decided = self._decide(m, phys, thp)
             except (procfs.ProcessGone, revmap.ProcessGone):
                 self._release(pid, "exited")
                 continue
@@ -414,7 +459,15 @@ class Service:
             m.populating_snapshots += 1
             return None
         snap = revmap.reverse_map(phys, frames).snapshot
-        mappings = [x.range for x in anon]
+        return self._decide_on(m, snap, thp, maps)
+
+    def _decide_on(self, m: Managed, snap: Snapshot, thp: str,
+                   maps: list[procfs.Mapping] | None = None,
+                   ) -> tuple[policy.Decision, dict[int, float]]:
+        """The policy's decision on the process's virtual snapshot."""
+        if maps is None:
+            maps = procfs.read_maps(m.pid)
+        mappings = [x.range for x in maps if x.anonymous_private]
         status = m.files.status()
         cands = policy.collapse_candidates(snap, m.state, m.params, mappings=mappings)
         resident = m.files.resident_pages(cands) if cands else {}

@@ -131,11 +131,16 @@ def lost_events(line: str) -> int:
     return int(m[1]) if m else 0
 
 
+# pid by target_id: one for all, a fixed mapping, or a function of (target_id, event time)
+TargetPids = Mapping[int, int] | int | Callable[[int, float], int | None]
+
+
 @dataclass
 class _Group:
     """Regions of one target seen so far in the current burst."""
 
     nr_regions: int
+    pid: int
     regions: list[Region] = field(default_factory=list)
     last_ts: float = 0.0
 
@@ -155,8 +160,9 @@ class SnapshotAssembler:
     that lost events in the ring buffer.
 
     target_pids: the pid to put in each target's snapshots, by target_id (the target's index in
-    the kdamond's context), or one pid for every target (0 for paddr). Events of a target_id
-    missing from a mapping are ignored.
+    the kdamond's context), or one pid for every target (0 for paddr), or a function of
+    (target_id, event time) for a kdamond whose targets change while it runs (targets.py).
+    Events of a target_id without a pid are ignored.
     """
 
     def __init__(
@@ -164,7 +170,7 @@ class SnapshotAssembler:
         *,
         sample_us: int,
         aggr_us: int,
-        target_pids: Mapping[int, int] | int = 0,
+        target_pids: TargetPids = 0,
         clock: Callable[[], float] | None = time.monotonic,
     ) -> None:
         if not 0 < sample_us <= aggr_us:
@@ -179,23 +185,25 @@ class SnapshotAssembler:
         self.dropped_groups = 0
         self.ignored_events = 0
 
-    def _pid_of(self, target_id: int) -> int | None:
+    def _pid_of(self, target_id: int, at_s: float) -> int | None:
         if isinstance(self._target_pids, int):
             return self._target_pids
+        if callable(self._target_pids):
+            return self._target_pids(target_id, at_s)
         return self._target_pids.get(target_id)
 
     def feed(self, event: AggregatedEvent) -> Snapshot | None:
         """Add one event; return the target's snapshot if this event completed it."""
-        pid = self._pid_of(event.target_id)
+        pid = self._pid_of(event.target_id, event.timestamp_s)
         if pid is None or event.nr_regions <= 0:
             self.ignored_events += 1
             return None
         group = self._groups.get(event.target_id)
-        if group is not None and self._starts_new_burst(group, event):
+        if group is not None and (group.pid != pid or self._starts_new_burst(group, event)):
             self.dropped_groups += 1
             group = None
         if group is None:
-            group = self._groups[event.target_id] = _Group(event.nr_regions)
+            group = self._groups[event.target_id] = _Group(event.nr_regions, pid)
         group.regions.append(Region(event.start, event.end, event.nr_accesses, event.age))
         group.last_ts = event.timestamp_s
         if len(group.regions) < group.nr_regions:
@@ -203,7 +211,7 @@ class SnapshotAssembler:
         del self._groups[event.target_id]
         return Snapshot(
             taken_at_s=self._clock() if self._clock is not None else event.timestamp_s,
-            pid=pid,
+            pid=group.pid,
             sample_us=self.sample_us,
             aggr_us=self.aggr_us,
             regions=tuple(group.regions),
@@ -318,7 +326,7 @@ class AggregatedEventStream:
         *,
         sample_us: int,
         aggr_us: int,
-        target_pids: Mapping[int, int] | int = 0,
+        target_pids: TargetPids = 0,
         max_nr_regions: int = 1000,
         tracefs: str = TRACEFS,
         on_line: Callable[[str], None] | None = None,

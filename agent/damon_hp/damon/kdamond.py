@@ -3,6 +3,8 @@
 - `start_vaddr(pid)` creates and starts a kdamond watching one process and returns an
   `OwnedKdamond`, the only handle through which a kdamond is changed or stopped. It refuses,
   before writing anything, while a kdamond damon-hp did not start runs (see placement.py).
+- `start_vaddr_multi(pids)` (the daemon) starts one with a vaddr target per pid;
+  `OwnedKdamond.set_targets` commits a new target list while it runs (targets.py).
 - `reclaim_stale()` stops kdamonds left running by damon-hp agents that died, only when an
   ownership record proves them ours.
 
@@ -131,6 +133,8 @@ class OwnedKdamond:
         self.index = index
         self.ops = ops
         self.target_pid = target_pid
+        # every target, in the context's order (target_id i is target_pids[i]); paddr: (0,)
+        self.target_pids: tuple[int, ...] = (target_pid,)
         self.intervals = intervals
         self.schemes = schemes
         self.autotuned = autotuned
@@ -288,6 +292,44 @@ class OwnedKdamond:
         self._state("commit")
         self.schemes = schemes
 
+    def set_targets(self, pids: tuple[int, ...]) -> tuple[float, float]:
+        """Replace the running vaddr kdamond's targets (online `commit`); returns the
+        CLOCK_MONOTONIC times the commit was written and returned (targets.TargetMap).
+
+        Linux 6.12 applies the list by position and keeps each slot's regions (targets.py).
+        A pid that no longer exists when the kdamond applies the commit makes it stop (6.12:
+        the failed commit ends the kdamond thread, and the write still returns success):
+        KdamondStopped is raised then, and the caller starts a new kdamond.
+        """
+        if not pids:
+            raise ValueError("a running kdamond needs at least one target; stop it instead")
+        self._require_running()
+        if self.record is not None and self.record.target_pid != pids[0]:
+            # The record names a target, first: what lets the next start clear this dir once
+            # the kdamond has stopped on its own (every target exited) and we are gone.
+            rec = ownership.OwnerRecord(**{**self.record.to_dict(), "target_pid": pids[0]})
+            ownership.write_record(rec, self._record_dir)
+            self.record = rec
+        tdir = self.ctx / "targets"
+        io.write(tdir / "nr_targets", len(pids))
+        for i, pid in enumerate(pids):
+            io.write(tdir / f"{i}/pid_target", pid)
+        written = time.monotonic()
+        try:
+            self._state("commit")
+        except DamonHpError as e:
+            if self.is_running():
+                raise
+            raise KdamondStopped(f"damon-hp: kdamond {self.index} stopped when given targets "
+                                 f"{list(pids)} (one had exited, probably)") from e
+        settled = time.monotonic()
+        self.target_pids = pids
+        self.target_pid = pids[0]
+        if not self.is_running():
+            raise KdamondStopped(f"damon-hp: kdamond {self.index} stopped when given targets "
+                                 f"{list(pids)} (one had exited, probably)")
+        return written, settled
+
     # -- stopping ------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -299,7 +341,7 @@ class OwnedKdamond:
         if live is not None and live == self.kdamond_pid:
             io.turn_off(self.dir, lambda: self.live_pid() is not None)
         if self.live_pid() is None:
-            _clear_idle_dir(self._admin, self.index, self.target_pid)
+            _clear_idle_dir(self._admin, self.index, self.target_pids)
         if self.record is not None:
             ownership.remove_record(self.index, self._record_dir, only=self.record)
             self.record = None
@@ -316,7 +358,7 @@ class OwnedKdamond:
                 f"target_pid={self.target_pid})")
 
 
-def _clear_idle_dir(admin: Path, index: int, target_pid: int) -> None:
+def _clear_idle_dir(admin: Path, index: int, target_pids: tuple[int, ...]) -> None:
     """Leave no configuration behind for an idle kdamond dir we configured.
 
     When every kdamond dir is idle and ours or empty, all dirs go (nr_kdamonds 0), as before
@@ -330,7 +372,7 @@ def _clear_idle_dir(admin: Path, index: int, target_pid: int) -> None:
                    io.numbered_dirs(kd / "contexts/0/targets")]
     except OSError:
         return
-    if targets and targets != [target_pid]:
+    if targets and targets != list(target_pids):
         return  # someone reconfigured it after our kdamond stopped: theirs now
     others = [d for d in io.numbered_dirs(admin / "kdamonds") if d.name != str(index)]
     try:
@@ -385,8 +427,23 @@ def start_vaddr(pid: int, intervals: Intervals | None = None, min_nr_regions: in
     """
     if ownership.process_start_ticks(pid) is None:
         raise EnvironmentProblem(f"damon-hp: no process with pid {pid}")
-    return _start("vaddr", pid, intervals or Intervals(), min_nr_regions, max_nr_regions,
+    return _start("vaddr", (pid,), intervals or Intervals(), min_nr_regions, max_nr_regions,
                   tuple(schemes), intervals_goal, run_dir, admin)
+
+
+def start_vaddr_multi(pids: tuple[int, ...], intervals: Intervals | None = None,
+                      min_nr_regions: int = 10, max_nr_regions: int = 1000, *,
+                      run_dir: Path | None = None, admin: Path = ADMIN) -> OwnedKdamond:
+    """One kdamond of ours with one vaddr target per pid (target_id i is pids[i]), for the
+    daemon; `OwnedKdamond.set_targets` changes them while it runs. No schemes, no
+    auto-tuning (the event stream needs fixed intervals). Raises like `start_vaddr`."""
+    if not pids:
+        raise ValueError("start_vaddr_multi needs at least one pid")
+    for pid in pids:
+        if ownership.process_start_ticks(pid) is None:
+            raise EnvironmentProblem(f"damon-hp: no process with pid {pid}")
+    return _start("vaddr", tuple(pids), intervals or Intervals(), min_nr_regions,
+                  max_nr_regions, (), None, run_dir, admin)
 
 
 def start_paddr(intervals: Intervals | None = None, min_nr_regions: int = 10,
@@ -398,11 +455,12 @@ def start_paddr(intervals: Intervals | None = None, min_nr_regions: int = 10,
     physical frames are accessed; a reverse map (revmap.py) gives one process's share. It takes
     no schemes: DAMOS actions on paddr act on every process's memory, not one target's.
     """
-    return _start("paddr", 0, intervals or Intervals(), min_nr_regions, max_nr_regions, (),
+    return _start("paddr", (0,), intervals or Intervals(), min_nr_regions, max_nr_regions, (),
                   intervals_goal, run_dir, admin)
 
 
-def _start(ops: str, pid: int, intervals: Intervals, min_nr_regions: int, max_nr_regions: int,
+def _start(ops: str, pids: tuple[int, ...], intervals: Intervals, min_nr_regions: int,
+           max_nr_regions: int,
            schemes: tuple[Scheme, ...], intervals_goal: IntervalsGoal | None,
            run_dir: Path | None, admin: Path) -> OwnedKdamond:
     if not 3 <= min_nr_regions <= max_nr_regions:
@@ -417,8 +475,10 @@ def _start(ops: str, pid: int, intervals: Intervals, min_nr_regions: int, max_nr
     # that stays busy (EBUSY) can fail the very first write, and a cleanup write then would
     # only wait out the same busy spell again.
     created_dirs = configured = turned_on = False
+    pid = pids[0]
     record = ownership.OwnerRecord.for_this_agent(plan.index, pid)
     kd = OwnedKdamond(plan.index, pid, intervals, schemes, False, run_dir, admin, ops)
+    kd.target_pids = pids
     try:
         if plan.set_nr_kdamonds is not None:
             # Re-read right before the one write that affects every kdamond dir.
@@ -448,9 +508,10 @@ def _start(ops: str, pid: int, intervals: Intervals, min_nr_regions: int, max_nr
         nr = ctx / "monitoring_attrs/nr_regions"
         io.write(nr / "min", min_nr_regions)
         io.write(nr / "max", max_nr_regions)
-        io.write(ctx / "targets/nr_targets", 1)
+        io.write(ctx / "targets/nr_targets", len(pids))
         if ops != "paddr":
-            io.write(ctx / "targets/0/pid_target", pid)
+            for i, p in enumerate(pids):
+                io.write(ctx / f"targets/{i}/pid_target", p)
         else:
             _write_regions(ctx / "targets/0/regions", system_ram_ranges())
         _write_schemes(ctx, schemes, intervals.sample_us)
@@ -468,7 +529,7 @@ def _start(ops: str, pid: int, intervals: Intervals, min_nr_regions: int, max_nr
             if turned_on and kd.live_pid() is not None:
                 io.turn_off(kd.dir, lambda: kd.live_pid() is not None)
             if (created_dirs or configured) and kd.live_pid() is None:
-                _clear_idle_dir(admin, plan.index, pid)
+                _clear_idle_dir(admin, plan.index, pids)
             undone = True
         finally:
             # A record that outlives a failed undo lets the next start prove the leftover
@@ -501,7 +562,8 @@ def reclaim_stale(run_dir: Path | None = None, admin: Path = ADMIN) -> list[str]
             pid = io.read_int(kd / "pid", -1)
             targets = tuple(io.read_int(t / "pid_target", 0) or 0
                             for t in io.numbered_dirs(kd / "contexts/0/targets"))
-            if state == "on" and rec.proves(index, pid, targets):
+            proven = state == "on" and rec.proves(index, pid, targets)
+            if proven:
                 state_file = kd / "state"
                 io.turn_off(kd, lambda f=state_file: io.read(f) != "off")
                 done.append(f"stopped kdamond {index} (pid {pid}) left running by damon-hp "
@@ -511,7 +573,12 @@ def reclaim_stale(run_dir: Path | None = None, admin: Path = ADMIN) -> list[str]
                             f"(pid {pid}) is not the one damon-hp started, so it is left alone")
             if state != "absent":
                 try:
-                    _clear_idle_dir(admin, index, rec.target_pid)
+                    # Targets of a daemon's kdamond change while it runs: the proven one's are
+                    # the ones read just before stopping it; one that stopped on its own
+                    # (every target exited) lists the record's pid (set_targets records one of
+                    # the new list before writing it, a survivor of the old where there is one).
+                    ours = proven or rec.target_pid in targets
+                    _clear_idle_dir(admin, index, targets if ours else (rec.target_pid,))
                 except DamonHpError as e:
                     done.append(f"could not clear idle kdamond {index}: {e}")
         ownership.remove_record(index, run_dir, only=rec)
