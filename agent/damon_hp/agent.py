@@ -39,6 +39,10 @@ STATUS_EVERY_S = 2.0
 THP_MODE_EVERY_S = 5.0
 CPU_EVERY_S = 2.0
 
+# Why an agent stopped while its target lives on: the target turned THP off for itself
+# (prctl(PR_SET_THP_DISABLE)); the kernel refuses every collapse of its memory.
+THP_DISABLED = "THP disabled by the target"
+
 
 # A physical source's regions start coarse: until DAMON has split them, a region holding frames
 # of the hot buffer reads hot for the cold pages beside them. Measured here (passive, 5 s
@@ -213,14 +217,21 @@ class Agent:
     def loop(self, keep_going: Callable[[], bool] = lambda: True) -> str:
         """Run until the target exits, a stop signal arrives or `keep_going()` is False.
 
-        Returns why it stopped: "target exit", a signal name, "kdamond stopped", or "event
-        stream lost" (someone changed our tracefs instance: said on stderr, not retried).
+        Returns why it stopped: "target exit", a signal name, "kdamond stopped", "event
+        stream lost" (someone changed our tracefs instance: said on stderr, not retried), or
+        THP_DISABLED (the target disabled THP for itself: no collapse can succeed; looked at
+        before every snapshot, since a program may do it any time after its start).
         """
         assert self.source is not None
         while True:
             if self.stop.signum is not None:
                 return self.stop.name or "signal"
             if self.target.exited() or not keep_going():
+                return "target exit"
+            try:
+                if self.thp_disabled():
+                    return THP_DISABLED
+            except procfs.ProcessGone:
                 return "target exit"
             try:
                 snap = self.source.snapshot()
@@ -249,6 +260,10 @@ class Agent:
             except procfs.ProcessGone:
                 return "target exit"
 
+    def thp_disabled(self) -> bool:
+        """The target has turned THP off for itself (THP_enabled: 0 in its status)."""
+        return procfs.thp_disabled_by_process(self.files.status())
+
     def step(self, snap: Snapshot) -> None:
         """Everything done with one snapshot: decide, apply, record, report."""
         assert self.actuator is not None
@@ -268,13 +283,16 @@ class Agent:
         mappings = [m.range for m in maps if m.anonymous_private]
         # The residency guard's input: resident pages of the ranges the policy may collapse
         # (one PAGEMAP_SCAN per run of neighbours; none when nothing is ready).
-        candidates = policy.collapse_candidates(snap, self.state, self.params, mappings=mappings)
+        # The loop looked before the snapshot; a prctl since then still stops every collapse.
+        thp_disabled = procfs.thp_disabled_by_process(status)
+        candidates = policy.collapse_candidates(snap, self.state, self.params, mappings=mappings,
+                                                thp_disabled=thp_disabled)
         resident = self.files.resident_pages(candidates) if candidates else {}
 
         decision, self.state = policy.decide(
             snap, self.state, self.params,
             rss_bytes=status.vm_rss, mappings=mappings, thp_mode=self.thp_mode,
-            resident_pages=resident,
+            resident_pages=resident, thp_disabled=thp_disabled,
         )
         applied = self.actuator.apply(decision, snap.taken_at_s)
         self.state = policy.record_outcomes(self.state, applied.outcomes, self.params,

@@ -6,7 +6,8 @@ Checked before anything is started (each an exit-2 refusal that changes nothing)
 the capabilities the agent uses (`require_root`), output files that can be written
 (`check_outputs`), and a target no live agent manages yet (`status_records.claim_target`).
 Lost monitoring mid-run (our kdamond stopped, or our tracefs instance changed by someone else:
-LOST_MONITORING) ends management, never the target.
+LOST_MONITORING) ends management, never the target; so does a target that turns THP off for
+itself (THP_DISABLED), since the kernel then refuses every collapse of its memory.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from damon_hp import actuate, report, status_records
-from damon_hp.agent import Agent
+from damon_hp.agent import THP_DISABLED, Agent
 from damon_hp.damon import io as damon_io
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.options import AgentOptions
@@ -30,6 +31,8 @@ from damon_hp.signals import StopSignals
 KDAMOND_STOPPED = "kdamond stopped"
 EVENT_STREAM_LOST = "event stream lost"
 LOST_MONITORING = (KDAMOND_STOPPED, EVENT_STREAM_LOST)
+# Why an agent stopped while its target lives on: lost monitoring, or nothing it can do.
+UNMANAGED = (*LOST_MONITORING, THP_DISABLED)
 
 # Effective capabilities the agent needs (linux/capability.h bit, what for). Without
 # CAP_SYS_ADMIN /proc/PID/pagemap reads every frame number as 0, so a physical source would
@@ -126,8 +129,8 @@ def run_agent(target: actuate.Target, opts: AgentOptions, rep: report.RunReport,
     """Start an agent on `target`, loop until it ends, close it; never raises.
 
     after_start: called once monitoring runs (run: let the held child exec).
-    unmanaged: called with the reason (one of LOST_MONITORING) when monitoring was lost while
-    the target lives on, after the source is closed (run: wait for the command); returns what
+    unmanaged: called with the reason (one of UNMANAGED) when management ended while the
+    target lives on, after the source is closed (run: wait for the command); returns what
     stopped the run then, or None to keep the reason.
     A target another live agent manages is refused (exit 2) before anything is opened.
     """
@@ -147,6 +150,10 @@ def run_agent(target: actuate.Target, opts: AgentOptions, rep: report.RunReport,
         rep.stopped_by = ag.loop()
         if rep.stopped_by in LOST_MONITORING:
             rep.notes.append(f"monitoring was lost before the target exited ({rep.stopped_by})")
+        elif rep.stopped_by == THP_DISABLED:
+            rep.notes.append("the target turned THP off for itself (THP_enabled: 0): no "
+                             "collapse can succeed, management ended")
+        if rep.stopped_by in UNMANAGED:
             if unmanaged is not None:
                 ag.close()  # our kdamond and tracefs instance go now, not at the command's end
                 rep.stopped_by = unmanaged(rep.stopped_by) or rep.stopped_by
@@ -187,6 +194,20 @@ def lost_monitoring_message(command: str, reason: str, pid: int) -> str:
     return (f"damon-hp {command}: monitoring was lost: {what}. Process {pid} runs on without "
             "huge-page management; what damon-hp opened (its tracefs instance, its kdamond if "
             f"it started one) is cleaned up. To manage it again: damon-hp attach {pid}")
+
+
+def thp_disabled_message(command: str, pid: int) -> str:
+    """What a user reads when the target has turned THP off for itself, and what to do."""
+    return (
+        f"damon-hp {command}: process {pid} has turned transparent huge pages off for itself "
+        f"(prctl(PR_SET_THP_DISABLE); /proc/{pid}/status shows THP_enabled: 0), so the kernel "
+        "refuses every collapse of its memory (EINVAL) and damon-hp can do nothing for it. The "
+        "setting is the program's own (MariaDB sets it at start-up) or inherited: it passes "
+        "through fork and exec, so a parent that set it (a launcher, a shell, a service "
+        "manager) hands it on. To let damon-hp manage it: start it from a process that has not "
+        "disabled THP and without the program's own opt-out if it has one, or have it use "
+        "prctl(PR_SET_THP_DISABLE, 1, PR_THP_DISABLE_EXCEPT_ADVISED, 0, 0) instead (Linux "
+        "6.18+: no THP at faults, collapses still allowed)")
 
 
 def emit_report(agent: Agent, opts: AgentOptions) -> bool:

@@ -59,6 +59,10 @@ The rule, in order:
    VM_NOHUGEPAGE, which MADV_COLLAPSE refuses) and promoted on a later snapshot.
 7. **Marks.** Under the system THP mode `madvise`, promoted ranges are also marked MADV_HUGEPAGE
    so that khugepaged keeps them huge and new faults there get huge pages.
+8. **A process that turned THP off for itself** (prctl(PR_SET_THP_DISABLE), `thp_disabled`)
+   gets no collapse and no re-mark: the kernel refuses MADV_COLLAPSE on every range of it
+   (EINVAL). Its ready ranges are counted (`Decision.held_by_thp_disabled`), its streaks kept,
+   so that it is managed as before the moment it allows THP again.
 
 Failed collapses (see `record_outcomes`) are retried after an exponential back-off, so a range the
 kernel keeps refusing (EAGAIN under memory pressure, EINVAL for an unsuitable mapping) does not
@@ -299,6 +303,8 @@ class Decision:
     """ready ranges not promoted because of the collapse rate limit"""
     held_by_residency: int = 0
     """ready ranges not promoted (or not re-marked) because too few of their pages are resident"""
+    held_by_thp_disabled: int = 0
+    """ready ranges not promoted because the process turned THP off for itself (rule 8)"""
     budget_bytes: int | None = None
 
 
@@ -433,6 +439,7 @@ def collapse_candidates(
     params: PolicyParams,
     *,
     mappings: Sequence[AddrRange] | None = None,
+    thp_disabled: bool = False,
 ) -> tuple[int, ...]:
     """The ranges `decide` may collapse or re-mark after `snapshot`, in address order: hot in
     it, not promoted, with a streak long enough counting it. Same arguments as `decide`.
@@ -440,7 +447,7 @@ def collapse_candidates(
     The caller counts their resident pages for `decide(resident_pages=...)` (rule 4); every
     other range needs no page-table read.
     """
-    if not snapshot.regions:
+    if not snapshot.regions or thp_disabled:
         return ()
     now = snapshot.taken_at_s
     return tuple(
@@ -460,6 +467,7 @@ def decide(
     mappings: Sequence[AddrRange] | None = None,
     thp_mode: str = "never",
     resident_pages: Mapping[int, int] | None = None,
+    thp_disabled: bool = False,
 ) -> tuple[Decision, PolicyState]:
     """Decide what to promote and demote after `snapshot`; return the decision and next state.
 
@@ -470,6 +478,7 @@ def decide(
     resident_pages: range start -> base pages of it resident now (0..512), for the ranges
         `collapse_candidates` names (rule 4); a candidate missing from it counts as having none.
         None = unknown, the residency guard off (replays of recordings that hold no page table).
+    thp_disabled: the process turned THP off for itself (rule 8): nothing is collapsed.
     The promotions in the decision are plans: report their outcome with `record_outcomes`.
     """
     now = snapshot.taken_at_s
@@ -565,7 +574,7 @@ def decide(
     # A demoted range that is hot again must lose VM_NOHUGEPAGE before it can be collapsed
     # (and, under THP `madvise`, a MADV_HUGEPAGE mark lets khugepaged fill a sparse range too).
     for start in streak:
-        if start in demoted and hot_long_enough(start):
+        if start in demoted and hot_long_enough(start) and not thp_disabled:
             if not dense_enough(start):
                 held_by_residency += 1
                 continue
@@ -595,9 +604,11 @@ def decide(
         credit = min(burst, state.credit_bytes + elapsed * params.collapse_bytes_per_s)
     held_bytes = len(promoted) * HUGE_PAGE_BYTES
     promote: list[int] = []
-    held_by_budget = held_by_rate = 0
+    held_by_budget = held_by_rate = held_by_thp_disabled = 0
     for start in ready:
-        if not dense_enough(start):
+        if thp_disabled:
+            held_by_thp_disabled += 1
+        elif not dense_enough(start):
             held_by_residency += 1
         elif budget is not None and held_bytes + HUGE_PAGE_BYTES > budget:
             held_by_budget += 1
@@ -643,6 +654,7 @@ def decide(
         held_by_budget=held_by_budget,
         held_by_rate=held_by_rate,
         held_by_residency=held_by_residency,
+        held_by_thp_disabled=held_by_thp_disabled,
         budget_bytes=budget,
     )
     return decision, next_state

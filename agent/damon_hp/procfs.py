@@ -175,6 +175,12 @@ class Status:
     vm_hwm: int
     vm_pte: int
     threads: int
+    thp_disabled: bool = False
+    """`THP_enabled: 0`: the process turned THP off for itself with prctl(PR_SET_THP_DISABLE)
+    (inherited across fork, kept across exec), and the kernel refuses MADV_COLLAPSE on all its
+    memory (EINVAL). With the flag PR_THP_DISABLE_EXCEPT_ADVISED (Linux 6.18+) the line stays 1
+    and MADV_COLLAPSE is honoured (both seen on this host's 6.18). A kernel without THP shows
+    0 for every process: see `thp_disabled_by_process`."""
 
 
 def read_status(pid: int) -> Status:
@@ -192,7 +198,13 @@ def parse_status(text: str) -> Status:
         vm_hwm=values.get("VmHWM", 0),
         vm_pte=values.get("VmPTE", 0),
         threads=values.get("Threads", 0),
+        thp_disabled=values.get("THP_enabled", 1) == 0,
     )
+
+
+def thp_disabled_by_process(status: Status, thp_enabled_path: str = THP_ENABLED) -> bool:
+    """The process disabled THP for itself (not: the kernel has no THP at all)."""
+    return status.thp_disabled and os.path.exists(thp_enabled_path)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """A child process for host tests: a 2 MiB-aligned, fully populated anonymous buffer.
 
-Run as `python memchild.py MIB [nohuge]`; prints {"start": A, "end": B, "pid": P} once the buffer
-is populated, then waits until its stdin closes. With `nohuge` the buffer is MADV_NOHUGEPAGE.
+Run as `python memchild.py MIB [nohuge] [thp-off|thp-advised]`; prints {"start": A, "end": B,
+"pid": P} once the buffer is populated, then waits until its stdin closes. With `nohuge` the
+buffer is MADV_NOHUGEPAGE; `thp-off` turns THP off for the process first
+(prctl(PR_SET_THP_DISABLE, 1)), `thp-advised` does it with PR_THP_DISABLE_EXCEPT_ADVISED (6.18+).
 Meanwhile each stdin line `madvise START LENGTH ADVICE` (decimal) is madvise(2) done by the child
-itself, as a DAMOS action is done on the target's own mm; the child answers `ok` or `errno N`.
+itself, as a DAMOS action is done on the target's own mm, and `thp-disable N FLAGS` is
+prctl(PR_SET_THP_DISABLE, N, FLAGS); the child answers `ok` or `errno N`.
 """
 
 import ctypes
@@ -14,27 +17,42 @@ import sys
 
 HUGE = 2 << 20
 MADV_NOHUGEPAGE = 15
+PR_SET_THP_DISABLE = 41
+PR_THP_DISABLE_EXCEPT_ADVISED = 1 << 1
+
+
+def thp_disable(libc: ctypes.CDLL, disable: int, flags: int) -> int:
+    """prctl(PR_SET_THP_DISABLE); 0 or the errno."""
+    if libc.prctl(PR_SET_THP_DISABLE, disable, flags, 0, 0):
+        return ctypes.get_errno()
+    return 0
 
 
 def main() -> None:
     size = int(sys.argv[1]) << 20
+    libc = ctypes.CDLL(None, use_errno=True)
+    if "thp-off" in sys.argv[2:] or "thp-advised" in sys.argv[2:]:
+        flags = PR_THP_DISABLE_EXCEPT_ADVISED if "thp-advised" in sys.argv[2:] else 0
+        if err := thp_disable(libc, 1, flags):
+            raise OSError(err, "prctl(PR_SET_THP_DISABLE)")
     buf = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     start = -(-base // HUGE) * HUGE
     if "nohuge" in sys.argv[2:]:
-        libc = ctypes.CDLL(None, use_errno=True)
         if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(size), MADV_NOHUGEPAGE):
             raise OSError(ctypes.get_errno(), "madvise")
     for off in range(start - base, start - base + size, 4096):
         buf[off] = 1
     print(json.dumps({"pid": os.getpid(), "start": start, "end": start + size}), flush=True)
-    libc = ctypes.CDLL(None, use_errno=True)
     for line in sys.stdin:
         verb, *args = line.split()
         if verb == "madvise":
             addr, length, advice = map(int, args)
             failed = libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), advice)
             print(f"errno {ctypes.get_errno()}" if failed else "ok", flush=True)
+        elif verb == "thp-disable":
+            err = thp_disable(libc, int(args[0]), int(args[1]))
+            print(f"errno {err}" if err else "ok", flush=True)
 
 
 if __name__ == "__main__":

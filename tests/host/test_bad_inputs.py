@@ -58,7 +58,8 @@ BAD_INPUTS_TRIED: list[str] = []
 @dataclass(frozen=True)
 class Case:
     id: str
-    argv: list[str]  # after `damon-hp`; {pid} {exited} {zombie} {tid} {tmp} {nopid} filled in
+    argv: list[str]  # after `damon-hp`; {pid} {exited} {zombie} {tid} {thpoff} {tmp} {nopid}
+    # filled in
     says: list[str]  # fragments stderr must contain
     code: int = 2
     nobody: bool = False  # run as uid/gid 65534
@@ -152,6 +153,9 @@ CASES = [
     Case("attach-json-directory-missing", ["attach", "--json", "{tmp}/no/out.json", "{pid}"],
          ["cannot write --json", "does not exist"]),
     Case("attach-not-root", ["attach", "{pid}"], ["needs root"], nobody=True),
+    Case("attach-thp-disabled-by-the-process", ["attach", "--json", "{tmp}/out.json", "{thpoff}"],
+         ["process {thpoff} has turned transparent huge pages off for itself",
+          "THP_enabled: 0", "PR_THP_DISABLE_EXCEPT_ADVISED", "Not attached."]),
     # status
     Case("status-extra-argument", ["status", "extra"],
          ["damon-hp status: error: unrecognized arguments: extra"]),
@@ -253,11 +257,13 @@ def system_state() -> dict[str, object]:
 @pytest.fixture(scope="module")
 def targets() -> Iterator[dict[str, str]]:
     """A live process with a second thread, an exited (reaped) pid, a zombie, a pid that can
-    never exist."""
+    never exist, a live process that turned THP off for itself (PR_SET_THP_DISABLE)."""
     live = subprocess.Popen(
         [sys.executable, "-c", "import threading, time\n"
          "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
          "time.sleep(600)"])
+    thpoff = subprocess.Popen([sys.executable, str(Path(__file__).with_name("thp_prctl.py")),
+                               "off", "--", "sleep", "600"])
     zombie = subprocess.Popen(["true"])
     exited = subprocess.Popen(["true"])
     exited.wait()
@@ -273,12 +279,16 @@ def targets() -> Iterator[dict[str, str]]:
         while Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1][0] != "Z":
             assert time.monotonic() < deadline, "`true` never became a zombie"
             time.sleep(0.05)
+        while "THP_enabled:\t0" not in Path(f"/proc/{thpoff.pid}/status").read_text():
+            assert time.monotonic() < deadline, "thp_prctl.py never disabled THP"
+            time.sleep(0.05)
         yield {"pid": str(live.pid), "tid": tids[0], "exited": str(exited.pid),
-               "zombie": str(zombie.pid),
+               "zombie": str(zombie.pid), "thpoff": str(thpoff.pid),
                "nopid": str(int(Path("/proc/sys/kernel/pid_max").read_text()) + 1)}
     finally:
-        live.kill()
-        live.wait()
+        for proc in (live, thpoff):
+            proc.kill()
+            proc.wait()
         zombie.wait()
 
 

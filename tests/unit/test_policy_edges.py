@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from damon_hp import ranges
 from damon_hp.damon.model import Region, Snapshot
-from damon_hp.policy import PolicyParams, PolicyState, decide, record_outcomes
+from damon_hp.policy import (
+    PolicyParams,
+    PolicyState,
+    collapse_candidates,
+    decide,
+    record_outcomes,
+)
 from damon_hp.ranges import HUGE_PAGE_BYTES as H
 from damon_hp.ranges import AddrRange
 
@@ -201,3 +207,24 @@ def test_the_rate_bucket_holds_one_snapshot_interval_so_slow_snapshots_keep_the_
                     regions=(Region(BASE, BASE + 64 * H, 10, 10),))
     d, _ = decide(slow, PolicyState(), params)
     assert len(d.promote) == 40 and d.held_by_rate == 24
+
+
+def test_process_that_disabled_thp_gets_no_collapse_and_keeps_its_streaks() -> None:
+    s = snap(0.0, (0, 4 * H, 20))
+    params = PolicyParams(promote_after_snapshots=2, promote_after_s=0.0)
+    _, state = decide(s, PolicyState(), params)
+    later = snap(1.0, (0, 4 * H, 20))
+    assert collapse_candidates(later, state, params, thp_disabled=True) == ()
+    d, off = decide(later, state, params, thp_disabled=True)
+    assert d.promote == ()
+    assert d.held_by_thp_disabled == 4
+    # The moment THP is allowed again, the streaks built meanwhile promote at once.
+    d, _ = decide(snap(2.0, (0, 4 * H, 20)), off, params)
+    assert d.promote and d.held_by_thp_disabled == 0
+
+
+def test_demoted_range_of_a_process_that_disabled_thp_is_not_remarked() -> None:
+    state = PolicyState(demoted=frozenset({BASE}))
+    d, after = decide(snap(0.0, (0, H, 20)), state, PARAMS, thp_disabled=True)
+    assert BASE in after.demoted and not after.remarked
+    assert d.hugepage_marks == ()

@@ -5,7 +5,12 @@ is never touched. Ctrl-C, SIGTERM or SIGHUP stop the agent (the process keeps ru
 leave no kdamond behind; the summary goes to stderr, --json FILE writes it with a timeline.
 Target CPU time and faults in the summary count from attach on. Refused (exit 2): PID 1, a
 kernel thread, a thread id that is not a process, an exited process, damon-hp itself, a process
-another live agent manages. Exit 1 when monitoring is lost mid-run (someone stops our kdamond
+another live agent manages, a process that has turned THP off for itself (prctl
+PR_SET_THP_DISABLE, `THP_enabled: 0` in /proc/PID/status; the kernel refuses every collapse of
+its memory: damon-hp says why and what to do instead of failing range after range). A process
+that turns THP off while attached ends the attach the same way (exit 2; the huge pages it has
+stay): damon-hp does not wait for it to turn THP on again, which only the process itself can
+do. Exit 1 when monitoring is lost mid-run (someone stops our kdamond
 or changes our tracefs instance; the process runs on unmanaged) or a --json/--record file
 could not be written.
 
@@ -79,6 +84,9 @@ def _open_target(pid: int) -> actuate.Target:
                 f"damon-hp attach: process {pid} has no user memory (a kernel thread?); "
                 "nothing to manage"
             )
+        if procfs.thp_disabled_by_process(procfs.read_status(pid)):
+            raise EnvironmentProblem(lifecycle.thp_disabled_message("attach", pid)
+                                     + ". Not attached.")
     except procfs.ProcessGone:
         target.close()
         raise EnvironmentProblem(f"damon-hp attach: process {pid} has already exited") from None
@@ -126,6 +134,11 @@ def _attach(target: actuate.Target, opts: AgentOptions) -> int:
     if outcome.failure is not None:
         print(lifecycle.failure_message("attach", outcome.failure), file=sys.stderr)
         return getattr(outcome.failure, "exit_code", 1) if not outcome.started else 1
+    if rep.stopped_by == lifecycle.THP_DISABLED:
+        print(lifecycle.thp_disabled_message("attach", target.pid)
+              + ". damon-hp has stopped managing it; the huge pages it holds stay.",
+              file=sys.stderr)
+        return 2
     if rep.stopped_by in lifecycle.LOST_MONITORING:
         print(lifecycle.lost_monitoring_message("attach", rep.stopped_by, target.pid),
               file=sys.stderr)

@@ -6,8 +6,11 @@ allocations are seen. damon-hp exits with the command's exit code (128+N if sign
 it), or 1 if the command exited 0 but a --json/--record file could not be written; Ctrl-C,
 SIGTERM or SIGHUP stop the agent and the command, and leave no kdamond behind. If monitoring
 is lost mid-run (someone stops our kdamond or changes our tracefs instance) the command runs on
-unmanaged. A process another live agent manages is refused. The summary goes to stderr
-(stdout is the command's); --json FILE writes it with a timeline.
+unmanaged; so it does, after one message saying why and what to do, when the command turns THP
+off for itself (prctl PR_SET_THP_DISABLE, as MariaDB does at start-up; looked at before every
+snapshot): the kernel would refuse every collapse. A process another live agent manages is
+refused. The summary goes to stderr (stdout is the command's); --json FILE writes it with a
+timeline.
 
 examples:
   damon-hp run -- workloads/bin/hotcold --hot 256M --cold 1G --seconds 60
@@ -192,8 +195,12 @@ def _run(argv: list[str], opts: AgentOptions) -> int:
         released = True
 
     def wait_unmanaged(reason: str) -> str | None:
-        print(lifecycle.lost_monitoring_message("run", reason, child.pid), file=sys.stderr,
-              flush=True)
+        if reason == lifecycle.THP_DISABLED:
+            message = (lifecycle.thp_disabled_message("run", child.pid) + ". The command runs "
+                       "on without huge-page management; what damon-hp opened is cleaned up.")
+        else:
+            message = lifecycle.lost_monitoring_message("run", reason, child.pid)
+        print(message, file=sys.stderr, flush=True)
         while stop.signum is None and not child.poll():
             time.sleep(0.2)
         return stop.name if stop.signum is not None else None

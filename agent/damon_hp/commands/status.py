@@ -69,6 +69,8 @@ def main(args: argparse.Namespace) -> int:
               f"{fmt_bytes(r.get('collapsed_bytes'))}; demoted {r.get('demotions', 0)}")
         print(f"  memory    AnonHugePages {fmt_bytes(r.get('anon_huge_bytes'))}, hot "
               f"{fmt_bytes(r.get('hot_bytes'))}; {r.get('snapshots', 0)} snapshots")
+        if r.get("skipped"):
+            print(f"  skipped   {r['skipped']}")
     sys.stdout.flush()
     return 0
 

@@ -19,6 +19,11 @@ one is refused with its line, the old one keeps running), SIGTERM/SIGINT stop. W
 the loop, `close()` removes our tracefs instance, stops our kdamond (vaddr, paddr) and
 removes every status record of ours.
 
+A managed process that has turned THP off for itself (prctl PR_SET_THP_DISABLE) is skipped,
+not let go: the kernel would refuse every collapse of its memory, so it gets no decision and no
+collapse; the journal says so once, its status record and the --json report carry the reason
+(`skipped`), and it is managed again as soon as it allows THP (its status is read each round).
+
 What this slice does not do: DAMOS hugepage/nohugepage marks (promotion is by
 MADV_COLLAPSE alone, with every source), per-process policy thresholds.
 """
@@ -49,6 +54,8 @@ from damon_hp.options import MonitorOptions
 STATUS_EVERY_S = 2.0
 READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are seen this soon
 MAX_ROUNDS_KEPT = 200
+THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
+                       "in /proc/PID/status): the kernel refuses every collapse of its memory")
 
 
 def log(text: str) -> None:
@@ -126,6 +133,8 @@ class Managed:
         self.pending: tuple[Snapshot, policy.Decision] | None = None
         self.resident: int | None = None  # bytes, at the last aggregation
         self.populating_snapshots = 0
+        self.skipped: str | None = None
+        """why this process gets no collapse (it disabled THP for itself), None while managed"""
 
     @property
     def held_bytes(self) -> int:
@@ -140,7 +149,8 @@ class Managed:
                 "promotions": self.collapses, "promoted_bytes": self.state.promoted_bytes,
                 "collapsed_bytes": self.collapsed_bytes, "collapse_errors": dict(self.errors),
                 "held_by_budget": self.held_by_budget, "held_by_rule": self.held_by_rule,
-                "hot_bytes": self.hot_bytes, "anon_huge_bytes": self.huge_bytes}
+                "hot_bytes": self.hot_bytes, "anon_huge_bytes": self.huge_bytes,
+                "skipped": self.skipped}
 
     def close(self) -> None:
         self.files.close()
@@ -322,6 +332,7 @@ class Service:
             # Huge pages it has already (a daemon killed before us, an agent that let go)
             # count against the budget from the first round, before any of ours is admitted.
             m.huge_bytes = m.files.rollup().get("AnonHugePages")
+            status = m.files.status()
         except procfs.ProcessGone:
             m.close()
             return
@@ -345,6 +356,7 @@ class Service:
         self.managed[info.pid] = m
         self.totals["managed_ever"] += 1
         log(f"managing pid {info.pid} (rule {rule}): {info.command[:120]}")
+        self._skip_if_thp_disabled(m, status)
 
     def _release(self, pid: int, why: str, quiet: bool = False) -> None:
         m = self.managed.pop(pid)
@@ -450,7 +462,10 @@ class Service:
     def _decide(self, m: Managed, phys: Snapshot,
                 thp: str) -> tuple[policy.Decision, dict[int, float]] | None:
         """The process's decision on this aggregation, or None while it faults memory in
-        (sources.populating: its picture is blurred)."""
+        (sources.populating: its picture is blurred) or is skipped (THP disabled for itself)."""
+        status = m.files.status()
+        if self._skip_if_thp_disabled(m, status):
+            return None
         maps = procfs.read_maps(m.pid)
         anon = [x for x in maps if x.anonymous_private]
         frames = revmap.read_page_frames(m.pid, [(x.start, x.end) for x in anon])
@@ -463,12 +478,15 @@ class Service:
 
     def _decide_on(self, m: Managed, snap: Snapshot, thp: str,
                    maps: list[procfs.Mapping] | None = None,
-                   ) -> tuple[policy.Decision, dict[int, float]]:
-        """The policy's decision on the process's virtual snapshot."""
+                   ) -> tuple[policy.Decision, dict[int, float]] | None:
+        """The policy's decision on the process's virtual snapshot; None while it is skipped
+        (THP disabled for itself)."""
+        status = m.files.status()
+        if self._skip_if_thp_disabled(m, status):
+            return None
         if maps is None:
             maps = procfs.read_maps(m.pid)
         mappings = [x.range for x in maps if x.anonymous_private]
-        status = m.files.status()
         cands = policy.collapse_candidates(snap, m.state, m.params, mappings=mappings)
         resident = m.files.resident_pages(cands) if cands else {}
         decision, m.state = policy.decide(snap, m.state, m.params, rss_bytes=status.vm_rss,
@@ -478,6 +496,22 @@ class Service:
         m.hot_bytes = decision.hot_bytes
         m.pending = (snap, decision)
         return decision, budget_mod.benefit(snap, decision.hot_ranges, decision.promote)
+
+    def _skip_if_thp_disabled(self, m: Managed, status: procfs.Status) -> bool:
+        """Skip a process that turned THP off for itself; say so once, and once when it ends."""
+        if procfs.thp_disabled_by_process(status):
+            if m.skipped is None:
+                m.skipped = THP_DISABLED_REASON
+                log(f"skipping pid {m.pid} (rule {m.rule}): {THP_DISABLED_REASON}; no collapse "
+                    "is tried until it allows THP again. To have it managed, start it from a "
+                    "process that has not disabled THP and without the program's own opt-out, "
+                    "or have it use PR_THP_DISABLE_EXCEPT_ADVISED (Linux 6.18+), which allows "
+                    "collapses")
+            return True
+        if m.skipped is not None:
+            m.skipped = None
+            log(f"managing pid {m.pid} (rule {m.rule}) again: it allows THP now")
+        return False
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -503,6 +537,7 @@ class Service:
             "hot_bytes": m.hot_bytes,
             "held_by_budget": m.held_by_budget,
             "budget_bytes": self.budget_bytes,
+            "skipped": m.skipped,
             "updated": time.time(),
         }
 
@@ -525,7 +560,10 @@ class Service:
         rules = ", ".join(f"{k}: {v}" for k, v in sorted(per_rule.items())) or "none"
         b = self.budget_bytes
         t = self.totals
-        return (f"{len(self.managed)} processes managed ({rules}); huge pages held "
+        skipped = sum(m.skipped is not None for m in self.managed.values())
+        return (f"{len(self.managed)} processes managed ({rules}"
+                + (f"; {skipped} skipped: THP disabled by the process" if skipped else "")
+                + "); huge pages held "
                 f"{report.fmt_bytes(held)} of budget "
                 f"{report.fmt_bytes(b) if b is not None else 'none'}; {t['collapses']} "
                 f"collapses ({report.fmt_bytes(t['collapsed_bytes'])}), {t['errors']} failed; "
