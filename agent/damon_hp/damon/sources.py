@@ -175,6 +175,7 @@ class ReverseMappedSource(_Base):
         self._alive = alive
         self._owned_kd = owned_kd
         self._resident: int | None = None
+        self.frames = revmap.FrameReader(target_pid)
         self.monitored_share: float | None = None  # of resident pages, at the last snapshot
         self.populating_snapshots = 0  # withheld: the target was faulting memory in
 
@@ -190,8 +191,7 @@ class ReverseMappedSource(_Base):
             return None
         try:
             maps = procfs.read_maps(self.target_pid)
-            frames = revmap.read_page_frames(
-                self.target_pid, [(m.start, m.end) for m in maps if m.anonymous_private])
+            frames = self.frames.read([(m.start, m.end) for m in maps if m.anonymous_private])
         except (procfs.ProcessGone, revmap.ProcessGone):
             return None  # the agent's loop notices the exit through its pidfd
         before, self._resident = self._resident, frames.resident_pages * revmap.PAGE_BYTES
