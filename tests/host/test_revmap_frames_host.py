@@ -14,7 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from damon_hp.damon.revmap import PM_PFN_MASK, PM_PRESENT, FrameReader, read_page_frames
+from damon_hp.damon.model import Region, Snapshot
+from damon_hp.damon.revmap import (
+    PM_PFN_MASK,
+    PM_PRESENT,
+    FrameReader,
+    read_page_frames,
+    reverse_map,
+)
 
 HERE = Path(__file__).resolve().parent
 HUGE = 2 << 20
@@ -51,11 +58,23 @@ def ranges_of(pid: int) -> list[tuple[int, int]]:
     return [(m.start, m.end) for m in read_maps(pid) if m.anonymous_private]
 
 
+def physical(frames) -> Snapshot:
+    """Made-up physical regions over the frames seen, 64 KiB each, of varied access counts."""
+    top = max(pfns(frames).values()) + 1
+    step = max(16, top // 20_000)
+    return Snapshot(taken_at_s=0.0, pid=0, sample_us=5_000, aggr_us=100_000, regions=tuple(
+        Region(p * 4096, min(p + step, top) * 4096, (p // step) % 7, (p // step) % 5)
+        for p in range(0, top, step)))
+
+
 def check_read(reader: FrameReader, pid: int):
     ranges = ranges_of(pid)
     got = reader.read(ranges)
-    assert pfns(got) == pfns(read_page_frames(pid, ranges))
-    assert got.resident_pages == read_page_frames(pid, ranges).resident_pages
+    fresh = read_page_frames(pid, ranges)
+    assert pfns(got) == pfns(fresh)
+    assert got.resident_pages == fresh.resident_pages
+    phys = physical(fresh)
+    assert reverse_map(phys, got) == reverse_map(phys, fresh)
     return got
 
 
@@ -78,9 +97,9 @@ def test_frame_reader_reuses_only_unchanged_ranges_and_is_never_stale(child):
     # frames, which the next read must show.
     old = pfns(read_page_frames(pid, ranges_of(pid)))[start]
     assert madvise(proc, start, HUGE, MADV_COLLAPSE) == "ok"
-    read_before = reader.ranges_read
+    read_before = reader.ranges_read + reader.windows_read
     got = check_read(reader, pid)
-    assert pfns(got)[start] != old and reader.ranges_read > read_before
+    assert pfns(got)[start] != old and reader.ranges_read + reader.windows_read > read_before
 
     # Drop half a range's pages: no fault, fewer present pages.
     madvise(proc, start + HUGE, HUGE // 2, MADV_DONTNEED)

@@ -250,7 +250,9 @@ class FrameReader:
         pages unmapped or reclaimed without a fault, such as MADV_DONTNEED, MADV_FREE,
         swap-out; collapses, ours or khugepaged's).
     When the counters equal the last read's, a range whose stretches are unchanged keeps its
-    entries and extents (exactly what a new read would return); the others are read again.
+    entries and extents (exactly what a new read would return), and in a range whose stretches
+    changed only the 2 MiB windows where they differ are read again (extents never cross a
+    window, so the others' stay exact).
     The counters are read before the page tables, so a move during a read shows as a change at
     the next one. Every FULL_READ_EVERY_S, and without PAGEMAP_SCAN always, all is read.
     """
@@ -263,6 +265,7 @@ class FrameReader:
         self._full_at = 0.0
         self.ranges_read = 0
         self.ranges_reused = 0
+        self.windows_read = 0  # 2 MiB windows re-read within otherwise unchanged ranges
 
     def read(self, ranges: Iterable[tuple[int, int]]) -> PageFrames:
         wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
@@ -281,6 +284,10 @@ class FrameReader:
                 if old is not None and old[0] == stretches:
                     fresh[rng] = old
                     self.ranges_reused += 1
+                elif old is not None and old[2] is not None and stretches is not None:
+                    windows = _changed_windows(old[0], stretches)
+                    fresh[rng] = (stretches, *_patch(fd, path, rng, old[1], old[2], windows))
+                    self.windows_read += len(windows)
                 else:
                     fresh[rng] = (stretches, _read_range(fd, path, *rng, stretches), None)
                     self.ranges_read += 1
@@ -299,6 +306,67 @@ class FrameReader:
             self._full_at = now
         self._moves, self._ranges = moves, fresh
         return frames
+
+
+def _changed_windows(old: Sequence[tuple[int, int, int]], new: Sequence[tuple[int, int, int]]
+                     ) -> list[int]:
+    """Starts of the 2 MiB windows where two stretch lists (start, end, categories; sorted,
+    disjoint) say different things about a page."""
+    def at(stretches: Sequence[tuple[int, int, int]], starts: list[int], addr: int) -> int:
+        k = bisect_right(starts, addr) - 1
+        return stretches[k][2] if k >= 0 and addr < stretches[k][1] else -1
+
+    old_starts, new_starts = [x[0] for x in old], [x[0] for x in new]
+    points = sorted({p for lo, hi, _ in (*old, *new) for p in (lo, hi)})
+    windows: set[int] = set()
+    for lo, hi in zip(points, points[1:], strict=False):
+        if at(old, old_starts, lo) != at(new, new_starts, lo):
+            first = lo - lo % HUGE_PAGE_BYTES
+            windows.update(range(first, hi, HUGE_PAGE_BYTES))
+    return sorted(windows)
+
+
+def _slice(run: FrameRun, lo: int, hi: int) -> FrameRun:
+    return FrameRun(lo, run.entries[(lo - run.start) // PAGE_BYTES:(hi - run.start) // PAGE_BYTES])
+
+
+def _patch(fd: int, path: str, rng: tuple[int, int], runs: Sequence[FrameRun], ext: _Extents,
+           windows: Sequence[int]) -> tuple[list[FrameRun], _Extents]:
+    """`runs` and `ext` of range `rng` with the `windows` (2 MiB starts) read anew."""
+    lo, hi = rng
+    spans: list[tuple[int, int]] = []
+    for w in windows:
+        a, b = max(w, lo), min(w + HUGE_PAGE_BYTES, hi)
+        if spans and spans[-1][1] == a:
+            spans[-1] = (spans[-1][0], b)
+        elif a < b:
+            spans.append((a, b))
+    try:
+        read = [FrameRun(a, _read_entries(fd, a, b)) for a, b in spans]
+    except OSError as e:
+        if e.errno in (errno.ESRCH, errno.ENOENT):
+            raise _gone(path, e) from e
+        raise
+    span_ends = [b for _, b in spans]
+    kept: list[FrameRun] = []
+    for run in runs:  # the old runs less the spans read anew
+        at = run.start
+        for a, b in spans[bisect_right(span_ends, at):]:
+            if a >= run.end:
+                break
+            if a > at:
+                kept.append(_slice(run, at, a))
+            at = max(at, b)
+        if at < run.end:
+            kept.append(_slice(run, at, run.end))
+    new_ext = extents_of(read)
+    window_ids = np.array([w // HUGE_PAGE_BYTES for w in windows], dtype=np.int64)
+    keep = ~np.isin(ext.vpage // _WINDOW_PAGES, window_ids)
+    vpage = np.concatenate((ext.vpage[keep], new_ext.vpage))
+    order = np.argsort(vpage, kind="stable")
+    merged = _Extents(vpage[order], np.concatenate((ext.pfn[keep], new_ext.pfn))[order],
+                      np.concatenate((ext.n[keep], new_ext.n))[order])
+    return sorted(kept + read, key=lambda r: r.start), merged
 
 
 _VMSTAT_MOVES = (b"pgmigrate_success", b"thp_split_page", b"thp_split_pmd")
