@@ -201,3 +201,12 @@ def test_the_rate_bucket_holds_one_snapshot_interval_so_slow_snapshots_keep_the_
                     regions=(Region(BASE, BASE + 64 * H, 10, 10),))
     d, _ = decide(slow, PolicyState(), params)
     assert len(d.promote) == 40 and d.held_by_rate == 24
+
+
+def test_overlap_bytes_sweeps_two_disjoint_lists_in_any_order():
+    from damon_hp.ranges import AddrRange, overlap_bytes
+
+    hot = [AddrRange(20, 30), AddrRange(0, 10)]
+    huge = [AddrRange(28, 40), AddrRange(5, 25)]
+    assert overlap_bytes(hot, huge) == 5 + 5 + 2
+    assert overlap_bytes([], huge) == 0
