@@ -459,33 +459,42 @@ class _Extents:
 
 
 def extents_of(runs: Sequence[FrameRun]) -> _Extents:
-    """The resident pages of `runs` (in address order) as extents of consecutive frames."""
-    vpages, pfns = [], []
-    for run in runs:
-        entries = np.frombuffer(run.entries, dtype=np.uint64)
-        first_page = run.start // PAGE_BYTES
-        present = entries >= np.uint64(PM_PRESENT)  # bit 63
-        if present.all():  # the usual case: no per-page gather
-            vpages.append(np.arange(first_page, first_page + len(entries), dtype=np.int64))
-        else:
-            present_at = np.flatnonzero(present)
-            vpages.append(present_at + first_page)
-            entries = entries[present_at]
-        # PFNs fit in 55 bits: once masked, the same bits read as int64.
-        pfns.append((entries & np.uint64(PM_PFN_MASK)).view(np.int64))
-    if not vpages:
+    """The resident pages of `runs` (disjoint, in address order) as extents of consecutive
+    frames."""
+    parts = [_run_extents(run) for run in runs]
+    if not parts:
         empty = np.zeros(0, dtype=np.int64)
         return _Extents(empty, empty, empty)
-    vpage, pfn = np.concatenate(vpages), np.concatenate(pfns)
-    if not len(vpage):
-        return _Extents(vpage, pfn, vpage)
-    breaks = np.diff(pfn) != 1
-    breaks |= np.diff(vpage) != 1
-    breaks |= (vpage[1:] & (_WINDOW_PAGES - 1)) == 0
-    first = np.flatnonzero(breaks)
+    return _Extents(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+
+
+def _run_extents(run: FrameRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # Per run, in index space: an extent starts at every present page whose predecessor is
+    # absent, not the previous frame, or in the previous 2 MiB window. Only the starts are
+    # gathered, never a per-page address array.
+    entries = np.frombuffer(run.entries, dtype=np.uint64)
+    first_page = run.start // PAGE_BYTES
+    present = entries >= np.uint64(PM_PRESENT)  # bit 63
+    dense = bool(present.all())
+    if not dense:
+        entries = np.where(present, entries, np.uint64(0))
+    # PFNs fit in 55 bits: once masked, the same bits read as int64.
+    pfn = (entries & np.uint64(PM_PFN_MASK)).view(np.int64)
+    starts = np.diff(pfn) != 1
+    if not dense:
+        starts |= ~present[:-1]
+    windows = np.arange(-first_page % _WINDOW_PAGES, len(pfn), _WINDOW_PAGES)
+    starts[windows[windows > 0] - 1] = True
+    first = np.flatnonzero(starts)
     first += 1
     first = np.concatenate(([0], first))
-    return _Extents(vpage[first], pfn[first], np.diff(np.append(first, len(vpage))))
+    n = np.diff(np.append(first, len(pfn)))
+    if not dense:
+        # Every absent page (frame 0 here) starts an extent of its own, which ends the present
+        # one before it: drop those.
+        keep = present[first]
+        first, n = first[keep], n[keep]
+    return first + first_page, pfn[first], n
 
 
 class _PhysicalIndex:
