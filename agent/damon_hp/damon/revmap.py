@@ -7,12 +7,14 @@ holding its frame; summed per 2 MiB-aligned virtual range, that is the access pi
 policy needs, returned as an ordinary virtual-address `Snapshot`.
 
     read_page_frames(pid, ranges) -> PageFrames          I/O: pagemap (root), PAGEMAP_SCAN
+    FrameReader(pid).read(ranges) -> PageFrames         the same, re-reading only what moved
     reverse_map(phys_snapshot, frames) -> VirtualAccess   pure
 
 Cost, measured on the CI host (2 cores, loaded), per 4 GiB target (1 Mi pages, frames in 17 Ki
-runs): reading pagemap 20-30 ms of CPU; the reverse map 30-35 ms with numpy (per-page arrays,
-one bisection per run of consecutive frames), down from 100-115 ms with the pure-Python tally
-it replaced.
+runs): reading pagemap 20-30 ms of CPU and finding its extents of consecutive frames ~6 ms,
+both skipped by FrameReader where no frame moved (PAGEMAP_SCAN for that: ~10 ms); the reverse
+map ~10 ms on those extents (20-40 Ki pieces), down from 30-35 ms with per-page numpy arrays
+and 100-115 ms with the pure-Python tally before that.
 
 How well the result shows a hot set depends on physical fragmentation, not on this code: with
 hotcold's hot frames in long runs, 96-99 % of hot 2 MiB ranges read hot from 8 s on; with them

@@ -180,9 +180,9 @@ class ReverseMappedSource(_Base):
         self.populating_snapshots = 0  # withheld: the target was faulting memory in
 
     def snapshot(self) -> Snapshot | None:
-        # The newest aggregation only: a reverse map of a 4 GiB target costs 0.1-0.5 s of CPU
-        # on the host (revmap.py), up to seconds for 1.3 GiB in the test VM, and one per
-        # queued stale snapshot left the agent ever further behind (VM, paddr, 400 ms
+        # The newest aggregation only: a reverse map of a 4 GiB target cost 0.1-0.5 s of CPU
+        # on the host before FrameReader (revmap.py), seconds for 1.3 GiB in the test VM, and
+        # one per queued stale snapshot left the agent ever further behind (VM, paddr, 400 ms
         # aggregations: after a 20 s collapse step, 30 queued snapshots took the next 29 s).
         phys = self.stream.latest_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
         if phys is None:
