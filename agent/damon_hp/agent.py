@@ -244,6 +244,11 @@ class Agent:
                 self._tick()
                 continue
             self.report.monitored_share = getattr(self.source, "monitored_share", None)
+            frames = getattr(self.source, "frames", None)
+            if frames is not None:
+                self.report.pagemap_reads = {"ranges_read": frames.ranges_read,
+                                             "ranges_reused": frames.ranges_reused,
+                                             "windows_read": frames.windows_read}
             try:
                 self.step(snap)
             except procfs.ProcessGone:
