@@ -614,6 +614,21 @@ def reverse_map(
     return VirtualAccess(tuple(out), snapshot)
 
 
+def _per_window_extreme(ufunc: np.ufunc, win: np.ndarray, values: np.ndarray, n_windows: int,
+                        empty: int) -> np.ndarray:
+    """ufunc (np.maximum, np.minimum) of `values` per window, `empty` where a window has none.
+    Extents come in address order, so each window's values are one slice: reduceat, where
+    ufunc.at cost ~10x more per piece."""
+    out = np.full(n_windows, empty, dtype=np.int64)
+    if len(win) and (np.diff(win) < 0).any():  # runs given out of order
+        order = np.argsort(win, kind="stable")
+        win, values = win[order], values[order]
+    if len(win):
+        opens = np.flatnonzero(np.concatenate(([True], win[1:] != win[:-1])))
+        out[win[opens]] = ufunc.reduceat(values, opens)
+    return out
+
+
 def _range_accesses(lo: int, hi: int, ext: _Extents, index: _PhysicalIndex,
                     share_pct: float) -> list[RangeAccess]:
     """RangeAccess of every 2 MiB window of virtual [lo, hi) that holds a resident page.
@@ -639,8 +654,7 @@ def _range_accesses(lo: int, hi: int, ext: _Extents, index: _PhysicalIndex,
     n_monitored = per_window(monitored, count)
     n_accessed = per_window(accessed, count)
     weighted = per_window(accessed, count * acc)
-    peak = np.zeros(n_windows, dtype=np.int64)
-    np.maximum.at(peak, win[accessed], acc[accessed])
+    peak = _per_window_extreme(np.maximum, win[accessed], acc[accessed], n_windows, 0)
     # The share quantile: the k-th highest count of the window's pages, pages not resident or
     # not monitored reading 0; k is the share of the window's (clipped) length, rounded up as
     # "at least". Only accessed pieces can lift it above 0: sort them per window by count,
@@ -665,9 +679,7 @@ def _range_accesses(lo: int, hi: int, ext: _Extents, index: _PhysicalIndex,
         level[r_win[first_reached]] = r_acc[first_reached]
     # The age: the youngest monitored piece at or above that level.
     at_level = monitored & (acc >= level[win])
-    youngest = np.full(n_windows, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(youngest, win[at_level], age[at_level])
-    youngest = np.where(youngest == np.iinfo(np.int64).max, 0, youngest)
+    youngest = _per_window_extreme(np.minimum, win[at_level], age[at_level], n_windows, 0)
     # Plain ints through tolist(): a numpy scalar per field per window cost more than the
     # arithmetic above.
     keep = np.flatnonzero(resident)
