@@ -71,6 +71,7 @@ burn the rate budget every snapshot.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -367,7 +368,8 @@ def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[AddrRange]
 def _dominant_part(
     region: AddrRange, mappings: Sequence[AddrRange], share_pct: float
 ) -> AddrRange | None:
-    """The part of `region` inside the mapping holding at least `share_pct` of it, or None.
+    """The part of `region` inside the mapping holding at least `share_pct` of it, or None
+    (`mappings` sorted and disjoint).
 
     DAMON samples one random page of a region, so a region spanning a hot and an idle mapping
     reads as a blend of the two: it is one DAMON has not yet split at the boundary, and its
@@ -376,7 +378,12 @@ def _dominant_part(
     to the idle part (or to the larger part) collapsed tens of MiB of idle memory.
     """
     best = None
-    for m in mappings:
+    # `mappings` are sorted and disjoint (VMAs): start at the first that ends past the region
+    # and stop at the first that starts after it, instead of trying every mapping per region.
+    first = bisect_right(mappings, region.start, key=lambda m: m.end)
+    for m in mappings[first:]:
+        if m.start >= region.end:
+            break
         start, end = max(region.start, m.start), min(region.end, m.end)
         if end > start and (best is None or end - start > best.size):
             best = AddrRange(start, end)

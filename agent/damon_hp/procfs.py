@@ -321,6 +321,15 @@ def pagemap_scan(fd: int, path: str, lo: int, hi: int, category: int) -> Iterato
 
     Raises PagemapScanUnsupported before yielding anything on kernels without the ioctl.
     """
+    for start, end, _ in pagemap_scan_categories(fd, path, lo, hi, category, category):
+        yield AddrRange(start, end)
+
+
+def pagemap_scan_categories(fd: int, path: str, lo: int, hi: int, category: int,
+                            report: int) -> Iterator[tuple[int, int, int]]:
+    """(start, end, categories) of the stretches of [lo, hi) whose pages are in `category`,
+    split where the `report` categories (a superset of `category`) change; see pagemap_scan.
+    """
     vec = (_PageRegion * _SCAN_BATCH)()
     start = lo
     first = True
@@ -332,7 +341,7 @@ def pagemap_scan(fd: int, path: str, lo: int, hi: int, category: int) -> Iterato
             vec=ctypes.addressof(vec),
             vec_len=_SCAN_BATCH,
             category_mask=category,
-            return_mask=category,
+            return_mask=report,
         )
         try:
             n = fcntl.ioctl(fd, PAGEMAP_SCAN, arg, True)
@@ -347,7 +356,7 @@ def pagemap_scan(fd: int, path: str, lo: int, hi: int, category: int) -> Iterato
             raise
         first = False
         for i in range(n):
-            yield AddrRange(vec[i].start, vec[i].end)
+            yield vec[i].start, vec[i].end, vec[i].categories
         if arg.walk_end <= start:
             break
         start = arg.walk_end

@@ -104,6 +104,20 @@ def intersect(ranges: Iterable[AddrRange], limits: Iterable[AddrRange]) -> list[
     return out
 
 
+def overlap_bytes(ranges: Iterable[AddrRange], others: Iterable[AddrRange]) -> int:
+    """Bytes where `ranges` and `others` overlap, each list disjoint (in any order): one sweep,
+    not every pair."""
+    a, b = sorted(ranges), sorted(others)
+    total = i = j = 0
+    while i < len(a) and j < len(b):
+        total += max(0, min(a[i].end, b[j].end) - max(a[i].start, b[j].start))
+        if a[i].end <= b[j].end:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
 def inside_any(start: int, ranges: Iterable[AddrRange]) -> bool:
     """Whether the 2 MiB range at `start` lies wholly inside one of `ranges`."""
     rng = huge_range(start)

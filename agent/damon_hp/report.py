@@ -114,6 +114,9 @@ class RunReport:
     empty_snapshots: int = 0
     populating_snapshots: int = 0
     """physical sources: aggregations withheld while the target faulted memory in"""
+    pagemap_reads: dict[str, int] | None = None
+    """physical sources: ranges whose pagemap entries were read, reused (no frame moved), and
+    2 MiB windows re-read inside otherwise unchanged ranges (revmap.FrameReader)"""
     monitored_share: float | None = None
     """physical sources: share of the target's resident pages in the physical memory the
     kdamond monitors, at the last snapshot (the rest is invisible to damon-hp)"""
@@ -207,6 +210,7 @@ class RunReport:
             "snapshots": self.snapshots,
             "empty_snapshots": self.empty_snapshots,
             "populating_snapshots": self.populating_snapshots,
+            "pagemap_reads": self.pagemap_reads,
             "snapshot_errors": self.snapshot_errors,
             "scheme_errors": self.scheme_errors,
             "promotions": self.collapse.ok,

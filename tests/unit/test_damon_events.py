@@ -8,7 +8,6 @@ only, none runs here) is built from a few explained synthetic events.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -150,7 +149,7 @@ def test_a_time_gap_splits_bursts_even_when_addresses_keep_rising():
     # later, with the same count: only the gap tells them apart, and neither is whole.
     first = bursts(fixture_events())[0]
     k = len(first) // 2
-    later = [dataclasses.replace(e, timestamp_s=e.timestamp_s + AGGR_US / 1e6) for e in first]
+    later = [e._replace(timestamp_s=e.timestamp_s + AGGR_US / 1e6) for e in first]
     asm = assembler()
     assert asm.feed_all(first[:k] + later[k:]) == []
     assert asm.feed_all(later[:k]) == []  # the head alone, starting below the tail's end

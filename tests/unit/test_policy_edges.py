@@ -228,3 +228,12 @@ def test_demoted_range_of_a_process_that_disabled_thp_is_not_remarked() -> None:
     d, after = decide(snap(0.0, (0, H, 20)), state, PARAMS, thp_disabled=True)
     assert BASE in after.demoted and not after.remarked
     assert d.hugepage_marks == ()
+
+
+def test_overlap_bytes_sweeps_two_disjoint_lists_in_any_order():
+    from damon_hp.ranges import AddrRange, overlap_bytes
+
+    hot = [AddrRange(20, 30), AddrRange(0, 10)]
+    huge = [AddrRange(28, 40), AddrRange(5, 25)]
+    assert overlap_bytes(hot, huge) == 5 + 5 + 2
+    assert overlap_bytes([], huge) == 0

@@ -7,12 +7,14 @@ holding its frame; summed per 2 MiB-aligned virtual range, that is the access pi
 policy needs, returned as an ordinary virtual-address `Snapshot`.
 
     read_page_frames(pid, ranges) -> PageFrames          I/O: pagemap (root), PAGEMAP_SCAN
+    FrameReader(pid).read(ranges) -> PageFrames         the same, re-reading only what moved
     reverse_map(phys_snapshot, frames) -> VirtualAccess   pure
 
 Cost, measured on the CI host (2 cores, loaded), per 4 GiB target (1 Mi pages, frames in 17 Ki
-runs): reading pagemap 20-30 ms of CPU; the reverse map 30-35 ms with numpy (per-page arrays,
-one bisection per run of consecutive frames), down from 100-115 ms with the pure-Python tally
-it replaced.
+runs): reading pagemap 20-30 ms of CPU and finding its extents of consecutive frames ~6 ms,
+both skipped by FrameReader where no frame moved (PAGEMAP_SCAN for that: ~10 ms); the reverse
+map ~10 ms on those extents (20-40 Ki pieces), down from 30-35 ms with per-page numpy arrays
+and 100-115 ms with the pure-Python tally before that.
 
 How well the result shows a hot set depends on physical fragmentation, not on this code: with
 hotcold's hot frames in long runs, 96-99 % of hot 2 MiB ranges read hot from 8 s on; with them
@@ -24,15 +26,23 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import EnvironmentProblem
-from ..procfs import PAGE_IS_PRESENT, PagemapScanUnsupported, ProcessGone, pagemap_scan
+from ..procfs import (
+    PAGE_IS_HUGE,
+    PAGE_IS_PRESENT,
+    PagemapScanUnsupported,
+    ProcessGone,
+    pagemap_scan_categories,
+    read_stat,
+)
 from .model import Region, Snapshot
 
 PAGE_BYTES = 4096
@@ -69,12 +79,30 @@ class PageFrames:
     pid: int
     ranges: tuple[tuple[int, int], ...]
     runs: tuple[FrameRun, ...]
+    extents_known: dict[tuple[int, int], _Extents] = field(
+        default_factory=dict, compare=False, repr=False)
+    """a cache of `extents`, filled by FrameReader for the ranges it did not re-read"""
 
     @property
     def resident_pages(self) -> int:
-        return sum(
-            sum(1 for e in run.entries if e & PM_PRESENT) for run in self.runs
-        )
+        # numpy: a Python loop over a 4 GiB target's 1 Mi entries cost ~50 ms per snapshot.
+        return sum(int(np.count_nonzero(np.frombuffer(run.entries, dtype=np.uint64)
+                                        & np.uint64(PM_PRESENT))) for run in self.runs)
+
+    @property
+    def extents(self) -> dict[tuple[int, int], _Extents]:
+        """Each range that has runs, its resident pages as extents of consecutive frames."""
+        by_range: dict[tuple[int, int], list[FrameRun]] = {r: [] for r in self.ranges}
+        starts = [lo for lo, _ in self.ranges]
+        for run in self.runs:
+            k = bisect_right(starts, run.start) - 1
+            if k < 0 or run.end > self.ranges[k][1]:
+                raise ValueError(f"frame run at {run.start:#x} lies outside the ranges asked about")
+            by_range[self.ranges[k]].append(run)
+        for r, runs in by_range.items():
+            if runs and r not in self.extents_known:
+                self.extents_known[r] = extents_of(runs)
+        return {r: self.extents_known[r] for r, runs in by_range.items() if runs}
 
     @classmethod
     def from_pfns(
@@ -95,20 +123,27 @@ def _gone(path: str, e: OSError) -> ProcessGone:
     return ProcessGone(f"{path}: the process has exited ({os.strerror(e.errno)})")
 
 
-def _present_stretches(fd: int, path: str, lo: int, hi: int) -> list[tuple[int, int]] | None:
+def _present_stretches(fd: int, path: str, lo: int, hi: int
+                       ) -> list[tuple[int, int, int]] | None:
     """Present stretches of [lo, hi) by PAGEMAP_SCAN (so a mostly unpopulated mapping is not
-    read page by page); None if the kernel lacks it."""
-    found: list[tuple[int, int]] = []
+    read page by page), split where PMD mapping starts or stops: (start, end, categories).
+    None if the kernel lacks PAGEMAP_SCAN."""
     try:
-        for r in pagemap_scan(fd, path, lo, hi, PAGE_IS_PRESENT):
-            # Stretches a few holes apart are read as one: one pread of some zero entries
-            # costs less than a syscall per stretch of a sparsely touched mapping.
-            if found and r.start - found[-1][1] <= _MERGE_GAP_BYTES:
-                found[-1] = (found[-1][0], r.end)
-            else:
-                found.append((r.start, r.end))
+        return list(pagemap_scan_categories(fd, path, lo, hi, PAGE_IS_PRESENT,
+                                            PAGE_IS_PRESENT | PAGE_IS_HUGE))
     except PagemapScanUnsupported:
         return None
+
+
+def _merge_close(stretches: Iterable[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    # Stretches a few holes apart are read as one: one pread of some zero entries costs less
+    # than a syscall per stretch of a sparsely touched mapping.
+    found: list[tuple[int, int]] = []
+    for lo, hi, _ in stretches:
+        if found and lo - found[-1][1] <= _MERGE_GAP_BYTES:
+            found[-1] = (found[-1][0], hi)
+        else:
+            found.append((lo, hi))
     return found
 
 
@@ -137,27 +172,220 @@ def read_page_frames(
     that is a second page-table walk (+5-10 ms per 4 GiB here): use_scan=False skips it.
     """
     wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
+    fd, path = _open_pagemap(pid)
+    try:
+        present = _scan_present(fd, path, wanted) if use_scan else None
+        frames = _read_frames(fd, path, pid, wanted, present)
+    finally:
+        os.close(fd)
+    return frames
+
+
+def _open_pagemap(pid: int) -> tuple[int, str]:
     path = f"/proc/{pid}/pagemap"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC), path
     except (FileNotFoundError, ProcessLookupError) as e:
         raise _gone(path, e) from e
     except PermissionError as e:
         raise EnvironmentProblem(f"cannot read {path}: reading page frames needs root") from e
+
+
+def _scan_present(fd: int, path: str, wanted: Sequence[tuple[int, int]]
+                  ) -> tuple[tuple[tuple[int, int, int], ...], ...] | None:
+    """The present stretches of each wanted range; None without PAGEMAP_SCAN."""
+    out = []
     try:
-        runs = []
         for lo, hi in wanted:
-            stretches = _present_stretches(fd, path, lo, hi) if use_scan else None
-            for s_lo, s_hi in stretches if stretches is not None else [(lo, hi)]:
-                runs.append(FrameRun(s_lo, _read_entries(fd, s_lo, s_hi)))
+            found = _present_stretches(fd, path, lo, hi)
+            if found is None:
+                return None
+            out.append(tuple(found))
     except OSError as e:
         if e.errno in (errno.ESRCH, errno.ENOENT):
             raise _gone(path, e) from e
         raise
-    finally:
-        os.close(fd)
+    return tuple(out)
+
+
+def _read_frames(fd: int, path: str, pid: int, wanted: tuple[tuple[int, int], ...],
+                 present: Sequence[Sequence[tuple[int, int, int]]] | None) -> PageFrames:
+    """Read the pagemap entries of `wanted` (only its `present` stretches, when known)."""
+    runs = []
+    for i, (lo, hi) in enumerate(wanted):
+        runs.extend(_read_range(fd, path, lo, hi, present[i] if present is not None else None))
     _check_privileged(path, runs)
     return PageFrames(pid, wanted, tuple(runs))
+
+
+def _read_range(fd: int, path: str, lo: int, hi: int,
+                present: Sequence[tuple[int, int, int]] | None) -> list[FrameRun]:
+    try:
+        return [FrameRun(s_lo, _read_entries(fd, s_lo, s_hi))
+                for s_lo, s_hi in (_merge_close(present) if present is not None else [(lo, hi)])]
+    except OSError as e:
+        if e.errno in (errno.ESRCH, errno.ENOENT):
+            raise _gone(path, e) from e
+        raise
+
+
+# Re-read every frame at least this often even when nothing says one moved: a bound on how long
+# a move no signal below covers (another process writing into the target's copy-on-write
+# pages, userfaultfd moves) can mislead the reverse map.
+FULL_READ_EVERY_S = 30.0
+
+
+class FrameReader:
+    """`read_page_frames` for one process, snapshot after snapshot, reading pagemap entries
+    again only for ranges whose frames may have moved since the last read.
+
+    Reading a 4 GiB target's entries and finding its runs of consecutive frames cost ~40 + 40
+    ms of CPU per snapshot on the CI host, while an anonymous page keeps its frame until it is
+    unmapped, faulted anew, migrated or collapsed. So each read first takes, in this order:
+      - the kernel's frame-moving counters (/proc/vmstat: page migrations, which include
+        compaction, NUMA balancing and demotion; THP splits, which may remap zero-filled pages
+        to the zero page or follow a collapse within one interval), and whether KSM runs (it
+        merges pages without any of these: while it runs, every read is full);
+      - the target's page faults (/proc/PID/stat minflt + majflt: every new frame it maps
+        through a fault of its own, copy-on-write included);
+      - per range, its present stretches and which of them are PMD-mapped (PAGEMAP_SCAN:
+        pages unmapped or reclaimed without a fault, such as MADV_DONTNEED, MADV_FREE,
+        swap-out; collapses, ours or khugepaged's).
+    When the counters equal the last read's, a range whose stretches are unchanged keeps its
+    entries and extents (exactly what a new read would return), and in a range whose stretches
+    changed only the 2 MiB windows where they differ are read again (extents never cross a
+    window, so the others' stay exact).
+    The counters are read before the page tables, so a move during a read shows as a change at
+    the next one. Every FULL_READ_EVERY_S, and without PAGEMAP_SCAN always, all is read.
+    """
+
+    def __init__(self, pid: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pid = pid
+        self._clock = clock
+        self._moves: tuple[int, ...] | None = None
+        self._ranges: dict[tuple[int, int], tuple[tuple, list[FrameRun], _Extents | None]] = {}
+        self._full_at = 0.0
+        self.ranges_read = 0
+        self.ranges_reused = 0
+        self.windows_read = 0  # 2 MiB windows re-read within otherwise unchanged ranges
+
+    def read(self, ranges: Iterable[tuple[int, int]]) -> PageFrames:
+        wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
+        moves = _frame_moves(self.pid)
+        now = self._clock()
+        fd, path = _open_pagemap(self.pid)
+        try:
+            present = _scan_present(fd, path, wanted)
+            trusted = (present is not None and moves is not None and moves == self._moves
+                       and now - self._full_at < FULL_READ_EVERY_S)
+            known = self._ranges if trusted else {}
+            fresh: dict[tuple[int, int], tuple[tuple, list[FrameRun], _Extents | None]] = {}
+            for i, rng in enumerate(wanted):
+                stretches = present[i] if present is not None else None
+                old = known.get(rng)
+                if old is not None and old[0] == stretches:
+                    fresh[rng] = old
+                    self.ranges_reused += 1
+                elif old is not None and old[2] is not None and stretches is not None:
+                    windows = _changed_windows(old[0], stretches)
+                    fresh[rng] = (stretches, *_patch(fd, path, rng, old[1], old[2], windows))
+                    self.windows_read += len(windows)
+                else:
+                    fresh[rng] = (stretches, _read_range(fd, path, *rng, stretches), None)
+                    self.ranges_read += 1
+        finally:
+            os.close(fd)
+        runs = [run for rng in wanted for run in fresh[rng][1]]
+        _check_privileged(path, runs)
+        frames = PageFrames(self.pid, wanted, tuple(runs))
+        for rng, (_, rng_runs, ext) in fresh.items():
+            if ext is None:
+                ext = extents_of(rng_runs)
+                fresh[rng] = (fresh[rng][0], rng_runs, ext)
+            if rng_runs:
+                frames.extents_known[rng] = ext
+        if not trusted:
+            self._full_at = now
+        self._moves, self._ranges = moves, fresh
+        return frames
+
+
+def _changed_windows(old: Sequence[tuple[int, int, int]], new: Sequence[tuple[int, int, int]]
+                     ) -> list[int]:
+    """Starts of the 2 MiB windows where two stretch lists (start, end, categories; sorted,
+    disjoint) say different things about a page."""
+    def at(stretches: Sequence[tuple[int, int, int]], starts: list[int], addr: int) -> int:
+        k = bisect_right(starts, addr) - 1
+        return stretches[k][2] if k >= 0 and addr < stretches[k][1] else -1
+
+    old_starts, new_starts = [x[0] for x in old], [x[0] for x in new]
+    points = sorted({p for lo, hi, _ in (*old, *new) for p in (lo, hi)})
+    windows: set[int] = set()
+    for lo, hi in zip(points, points[1:], strict=False):
+        if at(old, old_starts, lo) != at(new, new_starts, lo):
+            first = lo - lo % HUGE_PAGE_BYTES
+            windows.update(range(first, hi, HUGE_PAGE_BYTES))
+    return sorted(windows)
+
+
+def _slice(run: FrameRun, lo: int, hi: int) -> FrameRun:
+    return FrameRun(lo, run.entries[(lo - run.start) // PAGE_BYTES:(hi - run.start) // PAGE_BYTES])
+
+
+def _patch(fd: int, path: str, rng: tuple[int, int], runs: Sequence[FrameRun], ext: _Extents,
+           windows: Sequence[int]) -> tuple[list[FrameRun], _Extents]:
+    """`runs` and `ext` of range `rng` with the `windows` (2 MiB starts) read anew."""
+    lo, hi = rng
+    spans: list[tuple[int, int]] = []
+    for w in windows:
+        a, b = max(w, lo), min(w + HUGE_PAGE_BYTES, hi)
+        if spans and spans[-1][1] == a:
+            spans[-1] = (spans[-1][0], b)
+        elif a < b:
+            spans.append((a, b))
+    try:
+        read = [FrameRun(a, _read_entries(fd, a, b)) for a, b in spans]
+    except OSError as e:
+        if e.errno in (errno.ESRCH, errno.ENOENT):
+            raise _gone(path, e) from e
+        raise
+    span_ends = [b for _, b in spans]
+    kept: list[FrameRun] = []
+    for run in runs:  # the old runs less the spans read anew
+        at = run.start
+        for a, b in spans[bisect_right(span_ends, at):]:
+            if a >= run.end:
+                break
+            if a > at:
+                kept.append(_slice(run, at, a))
+            at = max(at, b)
+        if at < run.end:
+            kept.append(_slice(run, at, run.end))
+    new_ext = extents_of(read)
+    window_ids = np.array([w // HUGE_PAGE_BYTES for w in windows], dtype=np.int64)
+    keep = ~np.isin(ext.vpage // _WINDOW_PAGES, window_ids)
+    vpage = np.concatenate((ext.vpage[keep], new_ext.vpage))
+    order = np.argsort(vpage, kind="stable")
+    merged = _Extents(vpage[order], np.concatenate((ext.pfn[keep], new_ext.pfn))[order],
+                      np.concatenate((ext.n[keep], new_ext.n))[order])
+    return sorted(kept + read, key=lambda r: r.start), merged
+
+
+_VMSTAT_MOVES = (b"pgmigrate_success", b"thp_split_page", b"thp_split_pmd")
+
+
+def _frame_moves(pid: int) -> tuple[int, ...] | None:
+    """The counters FrameReader compares; None when frames may move untracked (KSM runs)."""
+    try:
+        with open("/sys/kernel/mm/ksm/run", "rb") as f:
+            if f.read().strip() != b"0":
+                return None
+    except FileNotFoundError:
+        pass  # no KSM in this kernel
+    with open("/proc/vmstat", "rb") as f:
+        counters = dict(line.split() for line in f.read().splitlines())
+    stat = read_stat(pid)
+    return (*(int(counters.get(name, -1)) for name in _VMSTAT_MOVES), stat.minflt + stat.majflt)
 
 
 def _check_privileged(path: str, runs: Sequence[FrameRun]) -> None:
@@ -222,6 +450,55 @@ class VirtualAccess:
         return sum(r.monitored_pages for r in self.ranges)
 
 
+@dataclass(frozen=True)
+class _Extents:
+    """Resident pages as extents: `n[i]` virtual pages from page number `vpage[i]`, backed by
+    the consecutive frames from `pfn[i]`. No extent crosses a 2 MiB virtual boundary."""
+
+    vpage: np.ndarray
+    pfn: np.ndarray
+    n: np.ndarray
+
+
+def extents_of(runs: Sequence[FrameRun]) -> _Extents:
+    """The resident pages of `runs` (disjoint, in address order) as extents of consecutive
+    frames."""
+    parts = [_run_extents(run) for run in runs]
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Extents(empty, empty, empty)
+    return _Extents(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+
+
+def _run_extents(run: FrameRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # Per run, in index space: an extent starts at every present page whose predecessor is
+    # absent, not the previous frame, or in the previous 2 MiB window. Only the starts are
+    # gathered, never a per-page address array.
+    entries = np.frombuffer(run.entries, dtype=np.uint64)
+    first_page = run.start // PAGE_BYTES
+    present = entries >= np.uint64(PM_PRESENT)  # bit 63
+    dense = bool(present.all())
+    if not dense:
+        entries = np.where(present, entries, np.uint64(0))
+    # PFNs fit in 55 bits: once masked, the same bits read as int64.
+    pfn = (entries & np.uint64(PM_PFN_MASK)).view(np.int64)
+    starts = np.diff(pfn) != 1
+    if not dense:
+        starts |= ~present[:-1]
+    windows = np.arange(-first_page % _WINDOW_PAGES, len(pfn), _WINDOW_PAGES)
+    starts[windows[windows > 0] - 1] = True
+    first = np.flatnonzero(starts)
+    first += 1
+    first = np.concatenate(([0], first))
+    n = np.diff(np.append(first, len(pfn)))
+    if not dense:
+        # Every absent page (frame 0 here) starts an extent of its own, which ends the present
+        # one before it: drop those.
+        keep = present[first]
+        first, n = first[keep], n[keep]
+    return first + first_page, pfn[first], n
+
+
 class _PhysicalIndex:
     """The physical regions as sorted segments of page frames, for vectorized lookups.
 
@@ -255,56 +532,32 @@ class _PhysicalIndex:
         self.points = np.array(points, dtype=np.int64)
         self.accesses = np.array(accesses, dtype=np.int32)
         self.ages = np.array(ages, dtype=np.int32)
+        # Segment k spans [_seg_lo[k], _seg_hi[k]): the outer two are unbounded.
+        bound = np.iinfo(np.int64)
+        self._seg_lo = np.concatenate(([bound.min], self.points))
+        self._seg_hi = np.concatenate((self.points, [bound.max]))
 
-    def lookup(self, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per pagemap entry: (nr_accesses or NOT_RESIDENT / UNMONITORED, age)."""
-        present = (entries & np.uint64(PM_PRESENT)) != 0
-        pfns = (entries & np.uint64(PM_PFN_MASK)).astype(np.int64)
-        return np.where(present, self.accesses[k := self._segments(pfns)], NOT_RESIDENT), \
-            self.ages[k]
+    def pieces(self, ext: _Extents) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`ext` cut at segment boundaries: (extent index, segment, pages) per piece.
 
-    def _segments(self, pfns: np.ndarray) -> np.ndarray:
-        # A process's frames come mostly in runs of consecutive PFNs (the buddy allocator hands
-        # out neighbours), and bisecting per page in random order cost 70 ms per 1 Mi pages
-        # here: bisect the ends of each run instead, and page by page only the runs that cross
-        # a segment boundary.
-        if not len(pfns):
-            return np.zeros(0, dtype=np.int64)
-        cut = np.flatnonzero(np.diff(pfns) != 1) + 1
-        first = np.concatenate(([0], cut))
-        last = np.concatenate((cut, [len(pfns)])) - 1
-        k_first = np.searchsorted(self.points, pfns[first], side="right")
-        k_last = np.searchsorted(self.points, pfns[last], side="right")
-        lengths = last - first + 1
-        k = np.repeat(k_first, lengths)
-        crossing = k_first != k_last
-        if crossing.any():
-            pages = np.repeat(crossing, lengths)
-            k[pages] = np.searchsorted(self.points, pfns[pages], side="right")
-        return k
+        An extent's frames are consecutive, so it crosses the segments between the one of its
+        first frame and the one of its last: two bisections per extent, none per page.
+        """
+        end = ext.pfn + ext.n
+        k_first = np.searchsorted(self.points, ext.pfn, side="right")
+        k_last = np.searchsorted(self.points, end - 1, side="right")
+        per = k_last - k_first + 1
+        owner = np.repeat(np.arange(len(per)), per)
+        seg = k_first[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(per) - per, per)
+        lo = np.maximum(ext.pfn[owner], self._seg_lo[seg])
+        hi = np.minimum(end[owner], self._seg_hi[seg])
+        return owner, seg, hi - lo
 
 
 # Page states below any nr_accesses (which is >= 0).
 UNMONITORED = -1
 NOT_RESIDENT = -2
 _WINDOW_PAGES = HUGE_PAGE_BYTES // PAGE_BYTES
-
-
-def _windows_of(lo: int, hi: int, runs: Sequence[FrameRun], index: _PhysicalIndex
-                ) -> tuple[int, np.ndarray, np.ndarray]:
-    """The pages of virtual [lo, hi) as a (windows, 512) grid of access counts and ages, first
-    window at the returned 2 MiB-aligned address; pages outside `runs` (or the range) read
-    NOT_RESIDENT."""
-    first = lo - lo % HUGE_PAGE_BYTES
-    n_windows = -(-(hi - first) // HUGE_PAGE_BYTES)
-    acc = np.full(n_windows * _WINDOW_PAGES, NOT_RESIDENT, dtype=np.int32)
-    age = np.zeros(n_windows * _WINDOW_PAGES, dtype=np.int32)
-    for run in runs:
-        at = (run.start - first) // PAGE_BYTES
-        run_acc, run_age = index.lookup(np.frombuffer(run.entries, dtype=np.uint64))
-        acc[at:at + len(run_acc)] = run_acc
-        age[at:at + len(run_age)] = run_age
-    return first, acc.reshape(n_windows, _WINDOW_PAGES), age.reshape(n_windows, _WINDOW_PAGES)
 
 
 def reverse_map(
@@ -348,17 +601,9 @@ def reverse_map(
     if not 0 < hot_page_share_pct <= 100:
         raise ValueError(f"hot_page_share_pct must be within (0, 100], not {hot_page_share_pct}")
     index = _PhysicalIndex(phys.regions, addr_unit)
-    by_range: dict[tuple[int, int], list[FrameRun]] = {r: [] for r in frames.ranges}
-    starts = [lo for lo, _ in frames.ranges]
-    for run in frames.runs:
-        k = bisect_right(starts, run.start) - 1
-        if k < 0 or run.end > frames.ranges[k][1]:
-            raise ValueError(f"frame run at {run.start:#x} lies outside the ranges asked about")
-        by_range[frames.ranges[k]].append(run)
     out: list[RangeAccess] = []
-    for (lo, hi), runs in by_range.items():
-        if runs:
-            out.extend(_range_accesses(lo, hi, runs, index, hot_page_share_pct))
+    for (lo, hi), ext in frames.extents.items():
+        out.extend(_range_accesses(lo, hi, ext, index, hot_page_share_pct))
     snapshot = Snapshot(
         taken_at_s=phys.taken_at_s,
         pid=frames.pid,
@@ -369,28 +614,72 @@ def reverse_map(
     return VirtualAccess(tuple(out), snapshot)
 
 
-def _range_accesses(lo: int, hi: int, runs: Sequence[FrameRun], index: _PhysicalIndex,
+def _per_window_extreme(ufunc: np.ufunc, win: np.ndarray, values: np.ndarray, n_windows: int,
+                        empty: int) -> np.ndarray:
+    """ufunc (np.maximum, np.minimum) of `values` per window, `empty` where a window has none.
+    Extents come in address order, so each window's values are one slice: reduceat, where
+    ufunc.at cost ~10x more per piece."""
+    out = np.full(n_windows, empty, dtype=np.int64)
+    if len(win) and (np.diff(win) < 0).any():  # runs given out of order
+        order = np.argsort(win, kind="stable")
+        win, values = win[order], values[order]
+    if len(win):
+        opens = np.flatnonzero(np.concatenate(([True], win[1:] != win[:-1])))
+        out[win[opens]] = ufunc.reduceat(values, opens)
+    return out
+
+
+def _range_accesses(lo: int, hi: int, ext: _Extents, index: _PhysicalIndex,
                     share_pct: float) -> list[RangeAccess]:
-    """RangeAccess of every 2 MiB window of virtual [lo, hi) that holds a resident page."""
-    first, acc, age = _windows_of(lo, hi, runs, index)
-    resident = (acc >= UNMONITORED).sum(axis=1)
+    """RangeAccess of every 2 MiB window of virtual [lo, hi) that holds a resident page.
+
+    Works on pieces (an extent's pages within one physical segment: one access count, one
+    age), not on pages: a 4 GiB target is ~1 Mi pages but 20-40 Ki pieces, and ~2 Ki once its
+    ranges are collapsed. Pages outside every piece are not resident.
+    """
+    first = lo - lo % HUGE_PAGE_BYTES
+    n_windows = -(-(hi - first) // HUGE_PAGE_BYTES)
+    owner, seg, count = index.pieces(ext)
+    win = (ext.vpage[owner] * PAGE_BYTES - first) // HUGE_PAGE_BYTES
+    acc = index.accesses[seg]
+    age = index.ages[seg]
+
+    def per_window(mask: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        return np.bincount(win[mask], weights[mask], minlength=n_windows).astype(np.int64)
+
+    everywhere = np.ones(len(win), dtype=bool)
     monitored = acc >= 0
     accessed = acc > 0
-    n_monitored = monitored.sum(axis=1)
-    n_accessed = accessed.sum(axis=1)
-    weighted = np.where(accessed, acc, 0).sum(axis=1)
-    peak = acc.max(axis=1).clip(min=0)
-    # The share quantile: the k-th highest count, pages not resident or not monitored read 0;
-    # k is the share of the window's (clipped) length, rounded up as "at least".
-    starts = first + np.arange(acc.shape[0], dtype=np.int64) * HUGE_PAGE_BYTES
+    resident = per_window(everywhere, count)
+    n_monitored = per_window(monitored, count)
+    n_accessed = per_window(accessed, count)
+    weighted = per_window(accessed, count * acc)
+    peak = _per_window_extreme(np.maximum, win[accessed], acc[accessed], n_windows, 0)
+    # The share quantile: the k-th highest count of the window's pages, pages not resident or
+    # not monitored reading 0; k is the share of the window's (clipped) length, rounded up as
+    # "at least". Only accessed pieces can lift it above 0: sort them per window by count,
+    # highest first, and take the count of the piece where the running page total reaches k.
+    starts = first + np.arange(n_windows, dtype=np.int64) * HUGE_PAGE_BYTES
     w_lo = np.maximum(starts, lo)
     w_hi = np.minimum(starts + HUGE_PAGE_BYTES, hi)
     need = np.ceil(share_pct / 100 * ((w_hi - w_lo) // PAGE_BYTES) - 1e-9).astype(np.int64)
-    ranked = -np.sort(-acc.clip(min=0), axis=1)
-    level = ranked[np.arange(acc.shape[0]), need.clip(1, _WINDOW_PAGES) - 1]
-    at_level = monitored & (acc >= level[:, None])
-    youngest = np.where(at_level, age, np.iinfo(np.int32).max).min(axis=1)
-    youngest = np.where(at_level.any(axis=1), youngest, 0)
+    need = need.clip(1, _WINDOW_PAGES)
+    level = np.zeros(n_windows, dtype=np.int64)
+    a_win, a_acc, a_count = win[accessed], acc[accessed], count[accessed]
+    order = np.lexsort((-a_acc, a_win))
+    a_win, a_acc, total = a_win[order], a_acc[order], np.cumsum(a_count[order])
+    if len(a_win):
+        opens = np.flatnonzero(np.concatenate(([True], a_win[1:] != a_win[:-1])))
+        before = np.concatenate(([0], total[opens[1:] - 1]))
+        so_far = total - np.repeat(before, np.diff(np.append(opens, len(a_win))))
+        reached = so_far >= need[a_win]
+        r_win, r_acc = a_win[reached], a_acc[reached]
+        first_reached = np.concatenate((np.ones(min(1, len(r_win)), dtype=bool),
+                                        r_win[1:] != r_win[:-1]))
+        level[r_win[first_reached]] = r_acc[first_reached]
+    # The age: the youngest monitored piece at or above that level.
+    at_level = monitored & (acc >= level[win])
+    youngest = _per_window_extreme(np.minimum, win[at_level], age[at_level], n_windows, 0)
     # Plain ints through tolist(): a numpy scalar per field per window cost more than the
     # arithmetic above.
     keep = np.flatnonzero(resident)

@@ -175,13 +175,14 @@ class ReverseMappedSource(_Base):
         self._alive = alive
         self._owned_kd = owned_kd
         self._resident: int | None = None
+        self.frames = revmap.FrameReader(target_pid)
         self.monitored_share: float | None = None  # of resident pages, at the last snapshot
         self.populating_snapshots = 0  # withheld: the target was faulting memory in
 
     def snapshot(self) -> Snapshot | None:
-        # The newest aggregation only: a reverse map of a 4 GiB target costs 0.1-0.5 s of CPU
-        # on the host (revmap.py), up to seconds for 1.3 GiB in the test VM, and one per
-        # queued stale snapshot left the agent ever further behind (VM, paddr, 400 ms
+        # The newest aggregation only: a reverse map of a 4 GiB target cost 0.1-0.5 s of CPU
+        # on the host before FrameReader (revmap.py), seconds for 1.3 GiB in the test VM, and
+        # one per queued stale snapshot left the agent ever further behind (VM, paddr, 400 ms
         # aggregations: after a 20 s collapse step, 30 queued snapshots took the next 29 s).
         phys = self.stream.latest_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
         if phys is None:
@@ -190,8 +191,7 @@ class ReverseMappedSource(_Base):
             return None
         try:
             maps = procfs.read_maps(self.target_pid)
-            frames = revmap.read_page_frames(
-                self.target_pid, [(m.start, m.end) for m in maps if m.anonymous_private])
+            frames = self.frames.read([(m.start, m.end) for m in maps if m.anonymous_private])
         except (procfs.ProcessGone, revmap.ProcessGone):
             return None  # the agent's loop notices the exit through its pidfd
         before, self._resident = self._resident, frames.resident_pages * revmap.PAGE_BYTES

@@ -1,0 +1,107 @@
+"""FrameReader: pagemap entries re-read only where frames may have moved, and never stale.
+
+A quiet child (memchild.py: a populated buffer, then idle) is read snapshot after snapshot; each
+FrameReader result must equal a fresh read_page_frames of the same moment, while the child's
+memory stays put, after it collapses a 2 MiB range (new frames, PMD-mapped) and after it drops
+pages (MADV_DONTNEED: fewer present, no fault).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from damon_hp.damon.model import Region, Snapshot
+from damon_hp.damon.revmap import (
+    PM_PFN_MASK,
+    PM_PRESENT,
+    FrameReader,
+    read_page_frames,
+    reverse_map,
+)
+
+HERE = Path(__file__).resolve().parent
+HUGE = 2 << 20
+MADV_DONTNEED = 4
+MADV_COLLAPSE = 25
+
+
+@pytest.fixture
+def child():
+    proc = subprocess.Popen([sys.executable, str(HERE / "memchild.py"), "32"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        layout = json.loads(proc.stdout.readline())
+        yield proc, layout
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def madvise(proc, start: int, length: int, advice: int) -> str:
+    proc.stdin.write(f"madvise {start} {length} {advice}\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()
+
+
+def pfns(frames) -> dict[int, int]:
+    return {run.start + i * 4096: e & PM_PFN_MASK for run in frames.runs
+            for i, e in enumerate(run.entries) if e & PM_PRESENT}
+
+
+def ranges_of(pid: int) -> list[tuple[int, int]]:
+    from damon_hp.procfs import read_maps
+
+    return [(m.start, m.end) for m in read_maps(pid) if m.anonymous_private]
+
+
+def physical(frames) -> Snapshot:
+    """Made-up physical regions over the frames seen, 64 KiB each, of varied access counts."""
+    top = max(pfns(frames).values()) + 1
+    step = max(16, top // 20_000)
+    return Snapshot(taken_at_s=0.0, pid=0, sample_us=5_000, aggr_us=100_000, regions=tuple(
+        Region(p * 4096, min(p + step, top) * 4096, (p // step) % 7, (p // step) % 5)
+        for p in range(0, top, step)))
+
+
+def check_read(reader: FrameReader, pid: int):
+    ranges = ranges_of(pid)
+    got = reader.read(ranges)
+    fresh = read_page_frames(pid, ranges)
+    assert pfns(got) == pfns(fresh)
+    assert got.resident_pages == fresh.resident_pages
+    phys = physical(fresh)
+    assert reverse_map(phys, got) == reverse_map(phys, fresh)
+    return got
+
+
+def test_frame_reader_reuses_only_unchanged_ranges_and_is_never_stale(child):
+    proc, layout = child
+    pid, start = layout["pid"], layout["start"]
+    reader = FrameReader(pid)
+    check_read(reader, pid)
+    # Idle child: the next reads reuse every range (a page migration or THP split elsewhere on
+    # the machine forces a full read now and then: several tries).
+    for _ in range(10):
+        before = reader.ranges_read
+        check_read(reader, pid)
+        if reader.ranges_read == before:
+            break
+    else:
+        pytest.fail(f"10 reads of an idle process all re-read a range ({reader.ranges_read})")
+
+    # Collapse one 2 MiB range (MADV_COLLAPSE from the child itself): its pages get new
+    # frames, which the next read must show.
+    old = pfns(read_page_frames(pid, ranges_of(pid)))[start]
+    assert madvise(proc, start, HUGE, MADV_COLLAPSE) == "ok"
+    read_before = reader.ranges_read + reader.windows_read
+    got = check_read(reader, pid)
+    assert pfns(got)[start] != old and reader.ranges_read + reader.windows_read > read_before
+
+    # Drop half a range's pages: no fault, fewer present pages.
+    madvise(proc, start + HUGE, HUGE // 2, MADV_DONTNEED)
+    got = check_read(reader, pid)
+    assert start + HUGE not in pfns(got)
