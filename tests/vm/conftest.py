@@ -10,7 +10,7 @@ vm test with the VM's console tail.
 Inside the VM (DAMON_HP_IN_VM=1 on a virtme-ng kernel) tests run normally and each result is
 written as a JSON line to $DAMON_HP_VM_RESULTS for the host to read.
 
-Knobs (environment): DAMON_HP_VM_MEM (default 6G), DAMON_HP_VM_TIMEOUT_S (default 1500).
+Knobs (environment): DAMON_HP_VM_MEM (default 6G), DAMON_HP_VM_TIMEOUT_S (default 2700).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from damon_hp import testvm
 
 VM_DIR = Path(__file__).resolve().parent
 VM_MEMORY = os.environ.get("DAMON_HP_VM_MEM", "6G")
-VM_TIMEOUT_S = float(os.environ.get("DAMON_HP_VM_TIMEOUT_S", "1500"))
+VM_TIMEOUT_S = float(os.environ.get("DAMON_HP_VM_TIMEOUT_S", "2700"))
 RESULTS_ENV = "DAMON_HP_VM_RESULTS"
 
 
