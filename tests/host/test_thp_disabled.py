@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_host import Daemon, foreign_kdamond_running, instances_of, status, wait_for
+from daemon_host import Daemon, foreign_kdamond_running, status
 from damon_hp import actuate, procfs
 from damon_hp.agent import THP_DISABLED
+from leftovers import instances_of, wait_for
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

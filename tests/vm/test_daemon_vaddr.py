@@ -43,8 +43,8 @@ from daemon_host import (  # noqa: E402  (shared with the daemon's host tests)
     Daemon,
     Workloads,
     anon_huge,
-    wait_for,
 )
+from leftovers import wait_for  # noqa: E402
 
 KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
 INSTANCES = Path("/sys/kernel/tracing/instances")
