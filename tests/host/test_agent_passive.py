@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from foreign_view import foreign_intervals, watched_share
 from leftovers import damon_read, sysfs_tree
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,30 +42,48 @@ def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_d
     running = [d for d in kdamonds if damon_read(d / "state") == "on"]
     assert running, "this host was expected to run a foreign kdamond (see DEVELOPERS.md)"
     before = read_tree(running[0])
+    kdamond_pid = int(damon_read(running[0] / "pid"))
     out = tmp_path / "run.json"
     script = (f"mount --bind {DAMON} {DAMON} && mount -o remount,bind,ro {DAMON} && "
               f"exec {DAMON_HP} run -q --json {out} -- {HOTCOLD} --hot 1G --cold 3G "
               "--seconds 75")
     env = {**os.environ, "DAMON_HP_RUN_DIR": str(tmp_path / "run")}
-    p = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 0, p.stderr
+    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = json.loads(p.stdout.readline())
+        hot = first["hot"]
+        for _ in range(2):  # two progress lines: the buffers are touched, the hot phase runs
+            p.stdout.readline()
+        seen = watched_share(first["pid"], hot["start"], hot["end"], kdamond_pid,
+                             **foreign_intervals(running[0]))
+        _, stderr = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, stderr
     report = json.loads(out.read_text())
     s = report["summary"]
     assert s["source"]["name"] == "passive"
-    assert s["source"]["kdamond_pid"] == int(damon_read(running[0] / "pid"))
+    assert s["source"]["kdamond_pid"] == kdamond_pid
     assert s["source"]["reader"] == "event stream + pagemap reverse map"
-    hot = json.loads(p.stdout.splitlines()[0])["hot"]
     hot_size = hot["end"] - hot["start"]
+    # Frames the foreign kdamond does not monitor give no evidence (foreign_view.py): the hot
+    # buffer must be backed as far as the kdamond can see it, all of it when it sees all.
     # (hotcold unmaps its buffers before it exits, so the last snapshot may see none: the
     # timeline's peak is the measurement)
+    visible = seen * hot_size
     peak_hot_huge = max(e["hot_huge_bytes"] or 0 for e in report["timeline"])
-    assert peak_hot_huge >= 0.9 * hot_size, report["timeline"][-5:]
+    why = (f"{seen:.1%} of the hot buffer lay in the kdamond's regions; peak hot huge "
+           f"{peak_hot_huge >> 20} MiB; {report['timeline'][-5:]}")
+    print(why.split(";")[0])
+    assert peak_hot_huge >= 0.9 * visible, why
     # How much cold memory a passive source collapses depends on how fast the foreign kdamond
     # splits its physical regions: 0.6 % and 1.8 % of the cold bytes on a quiet host, 27 %
     # with a VM test run beside it. That is a benchmark figure (README), not asserted here.
     peak_huge = max(e["huge_bytes"] or 0 for e in report["timeline"])
-    assert peak_huge >= 0.9 * hot_size
+    assert peak_huge >= 0.9 * visible, why
     assert s["collapse"]["errors"] == {}
     assert read_tree(running[0]) == before  # the foreign kdamond, as it was
     # our tracefs instance is gone: every damon-hp instance left belongs to a live process
