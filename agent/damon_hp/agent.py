@@ -317,6 +317,7 @@ class Agent:
             held_by_residency=decision.held_by_residency,
             planned=len(decision.promote),
         )
+        entry.monitored_share = rep.monitored_share
         rep.record_applied(applied, time.monotonic() - self.started_at, entry)
         self._measure(entry, decision.hot_regions, mappings)
         rep.hot_bytes = entry.hot_bytes

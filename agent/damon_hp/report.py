@@ -73,6 +73,7 @@ class TimelineEntry:
     held_by_rate: int = 0
     held_by_residency: int = 0  # ready ranges too sparse to collapse (policy rule 4)
     schemes_changed: bool = False
+    monitored_share: float | None = None  # physical sources: see RunReport.monitored_share
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -129,6 +129,13 @@ def test_agent_cpu_times_come_from_the_agents_json_summary():
     assert agent_metrics({"summary": {"agent_cpu_s": None}}) == {}
 
 
+def test_a_physical_sources_least_watched_share_over_the_run_is_taken():
+    timeline = [{"t_s": 1.0, "monitored_share": 0.9}, {"t_s": 2.0, "monitored_share": 0.4},
+                {"t_s": 3.0, "monitored_share": None}, {"t_s": 4.0, "monitored_share": 1.0}]
+    assert agent_metrics({"summary": {}, "timeline": timeline}) == {"watched_share_min": 0.4}
+    assert "watched_share_min" not in agent_metrics({"summary": {}, "timeline": timeline[2:3]})
+
+
 def test_agents_own_time_to_hot_set_huge_starts_at_its_first_hot_snapshot():
     from damon_hp.experiment.arms import agent_hot_huge_s
 

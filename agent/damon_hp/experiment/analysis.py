@@ -64,6 +64,7 @@ METRICS: list[tuple[str, str, str]] = [
     ("before_hot_huge_frac", "share of the measured phase before the hot set was huge", "%"),
     ("hot_huge_fraction_final", "hot set huge at end", ""),
     ("agent_hot_huge_s", "time to agent's hot set huge", "s"),
+    ("watched_share_min", "memory the kdamond watches (least over the run)", "%"),
     ("oom_kills", "OOM kills", ""),
 ]
 # Metrics normalised to thp-never (lower is better for all of them).

@@ -355,7 +355,8 @@ def _number(d: Any, *keys: str) -> float | None:
 
 
 def agent_metrics(data: dict[str, Any]) -> dict[str, Any]:
-    """What the runner takes from `damon-hp run --json`: the agent's and kdamond's CPU time.
+    """What the runner takes from `damon-hp run --json`: the agent's and kdamond's CPU time,
+    how soon its hot set was huge, and how much of the target a physical source could see.
 
     Tolerant of layout (flat or under "summary"): a missing figure stays None.
     """
@@ -367,9 +368,14 @@ def agent_metrics(data: dict[str, Any]) -> dict[str, Any]:
         out["agent_cpu_s"] = agent
     if kdamond is not None:
         out["kdamond_cpu_s"] = kdamond
-    covered = agent_hot_huge_s(data.get("timeline") if isinstance(data, dict) else None)
+    timeline = data.get("timeline") if isinstance(data, dict) else None
+    covered = agent_hot_huge_s(timeline)
     if covered is not None:
         out["agent_hot_huge_s"] = covered
+    shares = [e["monitored_share"] for e in timeline or []
+              if isinstance(e, dict) and isinstance(e.get("monitored_share"), int | float)]
+    if shares:
+        out["watched_share_min"] = min(shares)
     return out
 
 

@@ -88,6 +88,9 @@ class RunResult:
     hot_huge_fraction_final: float | None = None
     # the agent's own view (damon-hp): first hot snapshot -> 90% of its hot set huge
     agent_hot_huge_s: float | None = None
+    # physical access sources: the least share of the target's resident memory that lay in
+    # the physical memory the kdamond monitors, over the run (the rest gave no evidence)
+    watched_share_min: float | None = None
     accounting: str = ""  # where user/sys/faults came from: "cgroup" or "wait4"
     notes: list[str] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
