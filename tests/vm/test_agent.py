@@ -27,8 +27,10 @@ KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
 # Behaviour, not speed: the hot set must become huge while the workload runs (stopped once it
 # is), the cold set must not. How fast is a benchmark's question (README); under emulation on a
 # loaded 2-core host an agent that made it in 16 s alone took over 20 s (a fresh-clone CI run,
-# 2026-11-23), and attach once missed 45 s beside four other sessions' VMs (load 6-12).
-DEADLINE_S = 90.0
+# 2026-11-23), and attach once missed 45 s beside four other sessions' VMs (load 6-12), and
+# missed 90 s by one sample (89.8 % at 89.7 s; its first collapse came at 32 s) beside another
+# fresh-clone suite and a host experiment (2026-11-25). The workload runs well past the deadline.
+DEADLINE_S = 200.0
 HOT_SHARE = 0.90
 COLD_SHARE = 0.02
 
@@ -106,7 +108,7 @@ class Ranges:
         return hot / (self.hot[1] - self.hot[0]), cold / (self.cold[1] - self.cold[0])
 
 
-def hotcold(hot: str = "256M", cold: str = "1G", seconds: int = 120) -> list[str]:
+def hotcold(hot: str = "256M", cold: str = "1G", seconds: int = 260) -> list[str]:
     return [HOTCOLD, "--hot", hot, "--cold", cold, "--seconds", str(seconds)]
 
 
