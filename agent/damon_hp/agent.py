@@ -384,6 +384,8 @@ class Agent:
                 "kdamond_pid": r.kdamond_pid,
                 "snapshots": r.snapshots,
                 "promotions": r.collapse.ok,
+                "collapses_tried": r.collapse.tried,
+                "collapse_errors": dict(r.collapse.errors),
                 "promoted_bytes": self.state.promoted_bytes,
                 "collapsed_bytes": r.collapse.bytes,
                 "demotions": r.demotions,

@@ -69,6 +69,9 @@ def main(args: argparse.Namespace) -> int:
               f"{fmt_bytes(r.get('collapsed_bytes'))}; demoted {r.get('demotions', 0)}")
         print(f"  memory    AnonHugePages {fmt_bytes(r.get('anon_huge_bytes'))}, hot "
               f"{fmt_bytes(r.get('hot_bytes'))}; {r.get('snapshots', 0)} snapshots")
+        if r.get("collapse_errors"):
+            why = ", ".join(f"{k} {v}" for k, v in sorted(r["collapse_errors"].items()))
+            print(f"  refused   {sum(r['collapse_errors'].values())} collapses ({why})")
         if r.get("skipped"):
             print(f"  skipped   {r['skipped']}")
     sys.stdout.flush()
