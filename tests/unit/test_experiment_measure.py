@@ -181,3 +181,4 @@ def test_operations_are_read_from_the_benchmarks_last_line():
     assert workloads.operations('{"size":268435456,"updates":20000000,"seconds":0.3,'
                                 '"ns_per_update":15.7}\n') == 20000000
     assert workloads.operations("streamcluster prints no JSON\n") is None
+

@@ -117,3 +117,10 @@ def test_time_to_hot_set_huge_says_how_many_runs_never_got_there():
                               command="x"))
     assert "| 0.75 s (1 of 2 runs; the others never) |" in text
     assert "| never (0 of 2 runs) |" in text
+
+
+def test_shares_print_as_percent_without_an_exponent():
+    from damon_hp.experiment.writeup import fmt_value
+
+    assert [fmt_value(x, "%") for x in (1.0, 0.999, 0.25, 0.042, 0.0041)] == [
+        "100%", "100%", "25%", "4.2%", "0.41%"]

@@ -51,8 +51,8 @@ def fmt_value(x: float | None, unit: str) -> str:
         return f"{x:.3g} s" if x >= 0.001 or x == 0 else f"{x * 1e9:.3g} ns"
     if unit == "ns":
         return f"{x:.3g} ns"
-    if unit == "%":
-        return f"{x * 100:.2g}%"
+    if unit == "%":  # two significant digits, but no exponent for 100 % and more
+        return f"{x * 100:.0f}%" if abs(x) >= 0.1 else f"{x * 100:.2g}%"
     if float(x).is_integer() or abs(x) >= 1000:
         return f"{x:.0f}"
     return f"{x:.3g}"
