@@ -271,8 +271,10 @@ def test_reverse_map_of_real_hotcold_matches_the_page_by_page_reference(kdamond)
     """
     if kdamond.ops != "paddr":
         pytest.fail(f"kdamond {kdamond.index} monitors {kdamond.ops}, not paddr")
+    # hotcold outlives the loop (terminated below): a loaded run waited ~30 s for a snapshot
+    # begun before 36 s, and a 40-s hotcold had exited by then (2026-11-25).
     child = subprocess.Popen(
-        [str(HOTCOLD), "--hot", "256M", "--cold", "512M", "--seconds", "40"],
+        [str(HOTCOLD), "--hot", "256M", "--cold", "512M", "--seconds", "300"],
         stdout=subprocess.PIPE, text=True)
     try:
         layout = json.loads(child.stdout.readline())  # printed once every page is written
