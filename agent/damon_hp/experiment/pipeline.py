@@ -135,7 +135,8 @@ def _check_programs(exp: spec.Experiment) -> None:
     from damon_hp.experiment import workloads
 
     cells, _ = spec.expand(exp)
-    missing = workloads.check_built({workloads.program_for(c.workload, c.arm) for c in cells})
+    missing = workloads.check_built({workloads.program_for(c.workload, c.arm) for c in cells
+                                     if not c.workload.app})
     if missing:
         known = sorted(p.name for p in workloads.BIN_DIR.iterdir()) \
             if workloads.BIN_DIR.is_dir() else []

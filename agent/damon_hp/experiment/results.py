@@ -89,6 +89,11 @@ class RunResult:
     # the agent's own view (damon-hp): first hot snapshot -> 90% of its hot set huge
     agent_hot_huge_s: float | None = None
     accounting: str = ""  # where user/sys/faults came from: "cgroup" or "wait4"
+    # app workloads (experiment/apps/): one entry per measured client test (throughput,
+    # latency, server CPU per request, steal, memory), and the run's other facts (collapses,
+    # churn, marks in time)
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    app: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
 
@@ -145,7 +150,8 @@ class RunResult:
         return self.agent_cpu_s / self.wall_s
 
 
-SCALAR_FIELDS = [f.name for f in fields(RunResult) if f.name not in ("notes", "samples")]
+SCALAR_FIELDS = [f.name for f in fields(RunResult)
+                 if f.name not in ("notes", "samples", "phases", "app")]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
