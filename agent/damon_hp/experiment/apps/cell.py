@@ -63,10 +63,14 @@ def make_app(cell: Cell) -> Any:
 
 
 def collapse_everything(pid: int) -> dict[str, Any]:
-    """MADV_COLLAPSE of every aligned 2 MiB range of every private anonymous mapping."""
+    """MADV_COLLAPSE of every aligned 2 MiB range of every private anonymous mapping that has a
+    resident page. A range without one would fail with EINVAL anyway, and mariadbd reserves
+    terabytes of address space it never touches (4.2 million such ranges: 24 s of calls)."""
     t, cpu = time.monotonic(), time.thread_time()
-    maps = [m for m in procfs.read_maps(pid) if m.anonymous_private]
-    starts = [s for m in maps for s in huge_starts(m.range)]
+    maps = [m for m in procfs.read_smaps(pid) if m.anonymous_private and m.counter("Rss")]
+    candidates = [s for m in maps for s in huge_starts(m.range)]
+    resident = procfs.resident_pages_in(pid, candidates)
+    starts = [s for s in candidates if resident.get(s)]
     errors: dict[str, int] = {}
     ok = done = 0
     with actuate.Target.open(pid) as target:
@@ -76,7 +80,8 @@ def collapse_everything(pid: int) -> dict[str, Any]:
             else:
                 ok += 1
                 done += r.bytes_done
-    return {"ranges": len(starts), "ok": ok, "bytes": done, "errors": errors,
+    return {"ranges": len(starts), "unpopulated": len(candidates) - len(starts), "ok": ok,
+            "bytes": done, "errors": errors,
             "seconds": round(time.monotonic() - t, 3),
             "cpu_s": round(time.thread_time() - cpu, 3)}
 
@@ -232,6 +237,8 @@ def execute(ctx: Any, cell: Cell, state: arms.RunState, result: Any) -> None:
             code = _stop_agent(agent)
             result.app["agent_exit"] = code
             arms.DamonHp().finish(state)
+            for k, v in state.metrics.items():
+                setattr(result, k, v)
             _agent_collapses(state, result)
         result.app["marks"] = marks
         bg.stop()
