@@ -181,7 +181,7 @@ def execute(ctx: Any, cell: Cell, state: arms.RunState, result: Any) -> None:
     with contextlib.ExitStack() as stack:
         datadir = rundir / "data"
         stack.callback(shutil.rmtree, datadir, True)
-        app.prepare(datadir, ctx.app_data(), ctx.resources)
+        result.app.update(app.prepare(datadir, ctx.app_data()))
         env = dict(os.environ)
         t0 = time.monotonic()
         server = app.start(datadir, rundir, arm == "thp-never", env, stack)

@@ -125,8 +125,9 @@ class Redis:
     def tests(self) -> list[str]:
         return list(self.p.tests)
 
-    def prepare(self, datadir: Path, shared: Path, stack: object) -> None:
+    def prepare(self, datadir: Path, shared: Path) -> dict[str, float]:
         datadir.mkdir(parents=True, exist_ok=True)
+        return {}
 
     def start(self, datadir: Path, rundir: Path, thp_disable: bool, env: dict[str, str],
               stack: object) -> srv.Server:
