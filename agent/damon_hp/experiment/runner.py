@@ -159,13 +159,13 @@ def is_done(ctx: Context, cell: Cell) -> bool:
 def check_runnable(exp: Experiment, cells: list[Cell], vm: bool) -> None:
     """Every reason the experiment cannot run here, before anything starts."""
     problems = []
-    for app in sorted({c.workload.app for c in cells if c.workload.app}):
-        from damon_hp.experiment.apps import APP_CLASSES
+    for w in {c.workload.name: c.workload for c in cells if c.workload.app}.values():
+        from damon_hp.experiment.apps import preflight
 
         try:
-            APP_CLASSES[app].check_installed()
+            preflight(w.app or "", dict(w.params))
         except EnvironmentProblem as e:
-            problems.append(str(e))
+            problems.append(f"{w.name}: {e}")
     for name in sorted({c.arm for c in cells}):
         try:
             arms.make(name).check(vm)

@@ -298,7 +298,9 @@ def _app_workload(raw: dict[str, Any], where: str) -> Workload:
     return Workload(
         program=APPS[app], threads=tuple(threads), label=label or app,
         arms=_str_list(arms, f"{where}.arms", APP_ARMS) if arms else None,
-        app=app, params=tuple(sorted(params.items())),
+        # lists as tuples: a Workload stays hashable
+        app=app, params=tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                     for k, v in params.items())),
     )
 
 

@@ -38,3 +38,14 @@ def params_of(app: str, raw: dict[str, Any]) -> Any:
 
 def check_params(app: str, raw: dict[str, Any]) -> None:
     params_of(app, raw)
+
+
+def preflight(app: str, raw: dict[str, Any]) -> None:
+    """Before anything starts: the app's tools are installed and a fixed port is free
+    (EnvironmentProblem naming what to do)."""
+    from damon_hp.experiment.apps.server import check_port_free
+
+    APP_CLASSES[app].check_installed()
+    port = params_of(app, raw).port
+    if port:
+        check_port_free(port)

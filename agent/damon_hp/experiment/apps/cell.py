@@ -190,6 +190,8 @@ def execute(ctx: Any, cell: Cell, state: arms.RunState, result: Any) -> None:
         status = procfs.read_status(server.pid)
         result.app["thp_enabled"] = not status.thp_disabled
         agent = _start_agent(server.pid, state, stack) if arm == "damon-hp" else None
+        if agent is not None:
+            result.app["agent_pid"] = agent.pid  # its tracefs instance is damon-hp-PID-*
         sampler = Sampler(server.pid, t0, agent_pid=agent.pid if agent else None,
                           foreign_kdamonds=set(kdamond_pids().values()))
         bg = Background(sampler, ctx.exp.sample_interval_s)

@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from damon_hp.errors import DamonHpError, EnvironmentProblem
@@ -35,7 +35,7 @@ class MariaDBParams:
     table_size: int = 1_250_000
     buffer_pool: str = "4G"
     seconds: float = 60.0  # per measured test
-    tests: list[str] = field(default_factory=lambda: list(TESTS))
+    tests: tuple[str, ...] | list[str] = TESTS
     warmup_seconds: float = 20.0  # oltp_read_only after the tables were read once
     settle_s: float = 30.0
     port: int = 0

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from damon_hp.errors import DamonHpError, EnvironmentProblem
@@ -29,7 +29,7 @@ class RedisParams:
     value_bytes: int = 256
     pipeline: int = 16
     requests: int = 10_000_000  # per measured test
-    tests: list[str] = field(default_factory=lambda: list(TESTS))
+    tests: tuple[str, ...] | list[str] = TESTS
     warmup_requests: int = 0  # 0: as many as there are keys
     settle_s: float = 30.0  # every arm waits this long after the warm-up, before measuring
     churn: bool = True
