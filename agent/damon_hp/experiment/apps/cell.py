@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from damon_hp import actuate, procfs
 from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
@@ -35,6 +35,10 @@ from damon_hp.experiment.apps import APP_CLASSES, params_of
 from damon_hp.experiment.measure import Sampler
 from damon_hp.experiment.spec import Cell
 from damon_hp.ranges import huge_starts
+
+if TYPE_CHECKING:
+    from damon_hp.experiment.results import RunResult
+    from damon_hp.experiment.runner import Context
 
 AGENT_STOP_S = 60.0
 
@@ -172,7 +176,7 @@ def measure(app: Any, server: Any, test: str, rundir: Path) -> dict[str, Any]:
     return phase
 
 
-def execute(ctx: Any, cell: Cell, state: arms.RunState, result: Any) -> None:
+def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -> None:
     """Run one app cell; fills `result` (a RunResult). Errors raise DamonHpError/OSError."""
     app = make_app(cell)
     rundir = state.rundir
@@ -254,7 +258,7 @@ def execute(ctx: Any, cell: Cell, state: arms.RunState, result: Any) -> None:
         result.exit_code = server.proc.returncode
 
 
-def _agent_collapses(state: arms.RunState, result: Any) -> None:
+def _agent_collapses(state: arms.RunState, result: RunResult) -> None:
     """The agent's collapses (count, bytes, errors, seconds) from its --json summary."""
     import json
 
