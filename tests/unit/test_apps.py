@@ -28,11 +28,11 @@ def app_doc(**over):
     return d
 
 
-def test_the_redis_half_of_apps_toml_is_apps_redis_toml():
+@pytest.mark.parametrize("app", ["redis", "mariadb"])
+def test_each_half_of_apps_toml_is_its_own_file(app):
     full = tomllib.loads((ROOT / "experiments" / "apps.toml").read_text())
-    half = tomllib.loads((ROOT / "experiments" / "apps-redis.toml").read_text())
-    redis_full = [w for w in full["workloads"] if w["app"] == "redis"]
-    assert half["workloads"] == redis_full
+    half = tomllib.loads((ROOT / "experiments" / f"apps-{app}.toml").read_text())
+    assert half["workloads"] == [w for w in full["workloads"] if w["app"] == app]
     for key in ("repetitions", "arms", "where", "sample_interval_s"):
         assert half["experiment"][key] == full["experiment"][key]
 
