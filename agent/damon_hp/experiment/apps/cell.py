@@ -190,6 +190,8 @@ def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -
         t0 = time.monotonic()
         server = app.start(datadir, rundir, arm == "thp-never", env, stack)
         result.app["port"] = server.port
+        if getattr(app, "socket_dir", None) is not None:
+            result.app["socket_dir"] = str(app.socket_dir)
         result.app["ready_s"] = round(time.monotonic() - t0, 3)
         status = procfs.read_status(server.pid)
         result.app["thp_enabled"] = not status.thp_disabled

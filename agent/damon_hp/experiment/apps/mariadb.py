@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,7 @@ class MariaDB:
         self.clients = clients
         self.rep = rep
         self.socket: Path | None = None
+        self.socket_dir: Path | None = None
 
     @staticmethod
     def check_installed() -> None:
@@ -180,12 +182,17 @@ class MariaDB:
     def _start(self, datadir: Path, rundir: Path, thp_disable: bool, env: dict[str, str],
                stack: contextlib.ExitStack) -> srv.Server:
         port = self.p.port or srv.free_port()
-        # A socket path must fit 108 bytes: keep it short, in the data dir's parent.
-        self.socket = rundir / "mysqld.sock"
+        # A Unix socket's path must fit in 107 bytes, which a run directory under pytest's or a
+        # user's deep tmp does not: the socket lives in a short private directory instead,
+        # removed after the server has stopped (callbacks run last-in, first-out).
+        sockdir = Path(tempfile.mkdtemp(prefix="damon-hp-mariadb-"))
+        stack.callback(shutil.rmtree, sockdir, True)
+        self.socket = sockdir / "mysqld.sock"
         server = srv.start("mariadbd", self._argv(datadir, self.socket, port), env,
                            rundir / "server.log", port, thp_disable, stack)
         server.log = datadir / "error.log"
         server.wait_ready(self._ready, 300.0)
+        self.socket_dir = sockdir
         return server
 
     def start(self, datadir: Path, rundir: Path, thp_disable: bool, env: dict[str, str],
