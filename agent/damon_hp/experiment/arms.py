@@ -484,9 +484,21 @@ class Oracle(Arm):
         )
 
 
+class Everywhere(Arm):
+    """App workloads only: applied by experiment/apps/cell.py after the server's warm-up."""
+
+    name = "everywhere"
+
+    def check(self, vm: bool) -> None:
+        if vm:
+            raise EnvironmentProblem("everywhere is an arm of app workloads, which run on the "
+                                     'host (where = "host")')
+
+
 ARM_CLASSES: dict[str, type[Arm]] = {
     cls.name: cls
-    for cls in (ThpNever, ThpAlways, ThpMadvise, DamosEthp, DamonHp, DamonHpCompact, Oracle)
+    for cls in (ThpNever, ThpAlways, ThpMadvise, DamosEthp, DamonHp, DamonHpCompact, Oracle,
+                Everywhere)
 }
 
 

@@ -135,7 +135,8 @@ def _check_programs(exp: spec.Experiment) -> None:
     from damon_hp.experiment import workloads
 
     cells, _ = spec.expand(exp)
-    missing = workloads.check_built({workloads.program_for(c.workload, c.arm) for c in cells})
+    missing = workloads.check_built({workloads.program_for(c.workload, c.arm) for c in cells
+                                     if not c.workload.app})
     if missing:
         known = sorted(p.name for p in workloads.BIN_DIR.iterdir()) \
             if workloads.BIN_DIR.is_dir() else []
@@ -189,6 +190,8 @@ def finalize(out: Path, elapsed_s: float | None = None) -> Finalized:
         figures = make_plots(analysis, runs, out / "plots")
     except ImportError as e:
         figures_error = f"matplotlib is not available ({e}); install the dev extras (make setup)"
+    if exp.workloads[0].app is not None:
+        return _finalize_apps(out, exp, runs, env, analysis, len(cells), elapsed_s)
     limits_path = out / "limits.json"
     limits = json.loads(limits_path.read_text()) if limits_path.exists() else {}
     command_path = out / "command.txt"
@@ -201,5 +204,27 @@ def finalize(out: Path, elapsed_s: float | None = None) -> Finalized:
     report = out / "report.md"
     with contextlib.suppress(FileNotFoundError):
         report.unlink()
+    report.write_text(text)
+    return Finalized(analysis, report, figures_error, len(runs))
+
+
+def _finalize_apps(out: Path, exp: spec.Experiment, runs: list, env: dict[str, Any],
+                   analysis: Analysis, planned: int, elapsed_s: float | None) -> Finalized:
+    """report.md (and a memory-over-time figure) of an app experiment (experiment/apps/)."""
+    from damon_hp.experiment.apps import report as app_report
+    from damon_hp.experiment.writeup import _environment
+
+    command_path = out / "command.txt"
+    command = command_path.read_text().strip() if command_path.exists() else "?"
+    figures_error = None
+    try:
+        from damon_hp.experiment.apps.plots import memory_over_time
+
+        memory_over_time(exp, runs, out / "plots")
+    except ImportError as e:
+        figures_error = f"matplotlib is not available ({e}); install the dev extras (make setup)"
+    text = app_report.render(exp, runs, planned, command, _environment(env),
+                             spec.format_duration(elapsed_s) if elapsed_s else None)
+    report = out / "report.md"
     report.write_text(text)
     return Finalized(analysis, report, figures_error, len(runs))

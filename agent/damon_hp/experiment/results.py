@@ -92,6 +92,11 @@ class RunResult:
     # the physical memory the kdamond monitors, over the run (the rest gave no evidence)
     watched_share_min: float | None = None
     accounting: str = ""  # where user/sys/faults came from: "cgroup" or "wait4"
+    # app workloads (experiment/apps/): one entry per measured client test (throughput,
+    # latency, server CPU per request, steal, memory), and the run's other facts (collapses,
+    # churn, marks in time)
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    app: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
 
@@ -148,7 +153,8 @@ class RunResult:
         return self.agent_cpu_s / self.wall_s
 
 
-SCALAR_FIELDS = [f.name for f in fields(RunResult) if f.name not in ("notes", "samples")]
+SCALAR_FIELDS = [f.name for f in fields(RunResult)
+                 if f.name not in ("notes", "samples", "phases", "app")]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -120,6 +120,19 @@ class Context:
     limits: dict[str, int] = field(default_factory=dict)
     progress: Progress | None = None
     tlb: bool = False  # a PMU is there: count TLB misses with perf
+    # what outlives one run and is removed when the experiment ends or is interrupted (app
+    # seed data directories)
+    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _app_data: Path | None = None
+
+    def app_data(self) -> Path:
+        """The directory for the apps' shared data (seed data directories), removed at the end."""
+        if self._app_data is None:
+            self._app_data = self.out / "apps-data"
+            shutil.rmtree(self._app_data, ignore_errors=True)
+            self._app_data.mkdir(parents=True)
+            self.resources.callback(shutil.rmtree, self._app_data, True)
+        return self._app_data
 
     def finished(self) -> dict[str, RunResult]:
         runs: dict[str, RunResult] = {}
@@ -146,6 +159,13 @@ def is_done(ctx: Context, cell: Cell) -> bool:
 def check_runnable(exp: Experiment, cells: list[Cell], vm: bool) -> None:
     """Every reason the experiment cannot run here, before anything starts."""
     problems = []
+    for w in {c.workload.name: c.workload for c in cells if c.workload.app}.values():
+        from damon_hp.experiment.apps import preflight
+
+        try:
+            preflight(w.app or "", dict(w.params))
+        except EnvironmentProblem as e:
+            problems.append(f"{w.name}: {e}")
     for name in sorted({c.arm for c in cells}):
         try:
             arms.make(name).check(vm)
@@ -154,7 +174,8 @@ def check_runnable(exp: Experiment, cells: list[Cell], vm: bool) -> None:
     if not vm and any(c.memory == "insufficient" for c in cells):
         problems.append("the insufficient-memory condition needs a cgroup and swap of its own; "
                         'it runs only in the test VM (where = "vm")')
-    missing = workloads.check_built({workloads.program_for(c.workload, c.arm) for c in cells})
+    missing = workloads.check_built({workloads.program_for(c.workload, c.arm) for c in cells
+                                     if not c.workload.app})
     if missing:
         problems.append(f"workloads not built: {', '.join(missing)}; run `make workloads`")
     if problems:
@@ -425,7 +446,13 @@ def run_cell(ctx: Context, cell: Cell) -> RunResult:
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=state.notes,
     )
     try:
-        _execute(ctx, cell, arm, state, result)
+        if cell.workload.app:
+            from damon_hp.experiment.apps import cell as app_cell
+
+            result.mechanism = app_cell.mechanism(cell.arm)
+            app_cell.execute(ctx, cell, state, result)
+        else:
+            _execute(ctx, cell, arm, state, result)
     except (DamonHpError, OSError) as e:
         result.status = ERROR
         state.notes.append(str(e))
@@ -685,6 +712,7 @@ def run_experiment(exp: Experiment, out: Path, previous: list[Path] | None = Non
         progress.message(f"all {len(cells)} runs of {exp.name} are finished already")
         return outcome
     with sigterm_as_interrupt(), contextlib.ExitStack() as stack:
+        stack.enter_context(ctx.resources)
         if vm:
             original = procfs.thp_mode()
             if original in ("always", "madvise", "never"):
@@ -699,7 +727,7 @@ def run_experiment(exp: Experiment, out: Path, previous: list[Path] | None = Non
         try:
             for cell in todo:
                 key = (cell.workload.name, cell.threads)
-                if exp.warmup and key not in warmed:
+                if exp.warmup and key not in warmed and not cell.workload.app:
                     progress.message(f"warm-up run of {cell.workload.name}, {cell.threads} "
                                      "thread(s) (not measured)")
                     warm_up(ctx, cell)

@@ -36,6 +36,8 @@ ARMS: dict[str, str] = {
     "damon-hp-compact": "the program's -compact variant (small hot arrays in one huge page) "
     "under damon-hp",
     "oracle": "collapse exactly the hot ranges the benchmark prints (upper bound)",
+    "everywhere": "every anonymous range of the server collapsed with "
+    "process_madvise(MADV_COLLAPSE) after warm-up (app workloads; upper bound)",
 }
 BASELINE = "thp-never"
 ALWAYS = "thp-always"
@@ -48,6 +50,10 @@ WHERE = ("vm", "host")
 GROUND_TRUTH_PROGRAMS = frozenset({"hotcold", "sparse", "gups", "water_nsquared"})
 # Programs with a -compact variant (the thesis's second scheme).
 COMPACT_VARIANTS = {"streamcluster": "streamcluster-compact"}
+# Real applications (experiment/apps/): a server the runner starts, its loader and its client.
+# Their server binary is the workload's program; only these arms apply to them.
+APPS = {"redis": "redis-server", "mariadb": "mariadbd"}
+APP_ARMS = ("thp-never", "everywhere", "damon-hp")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
@@ -75,6 +81,12 @@ class Workload:
     # Optional narrowing of the experiment-wide lists for this workload only.
     arms: tuple[str, ...] | None = None
     memory: tuple[str, ...] | None = None
+    # An application workload (APPS): its name and its [workloads.params] (checked by the app).
+    app: str | None = None
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, key: str, default: Any) -> Any:
+        return dict(self.params).get(key, default)
 
     @property
     def name(self) -> str:
@@ -203,10 +215,12 @@ def _workload(raw: Any, i: int) -> Workload:
     if not isinstance(raw, dict):
         raise _fail(where, "must be a table")
     raw = _renamed(raw, "arms", where)
-    known = {"program", "input", "args", "threads", "label", "arms", "memory"}
+    known = {"program", "input", "args", "threads", "label", "arms", "memory", "app", "params"}
     extra = set(raw) - known
     if extra:
         raise _fail(where, f"unknown keys {sorted(extra)}; known: {sorted(known)}")
+    if "app" in raw:
+        return _app_workload(raw, where)
     program = raw.get("program")
     if not isinstance(program, str) or not _NAME_RE.match(program):
         raise _fail(where, f"'program' must be a program name in workloads/bin, got {program!r}")
@@ -247,6 +261,46 @@ def _workload(raw: Any, i: int) -> Workload:
         label=label,
         arms=_str_list(arms, f"{where}.arms", tuple(ARMS)) if arms else None,
         memory=_str_list(memory, f"{where}.memory", MEMORY_CONDITIONS) if memory else None,
+    )
+
+
+def _app_workload(raw: dict[str, Any], where: str) -> Workload:
+    """`app = "redis"` (or mariadb) with an optional [workloads.params] table: the server, its
+    loader and its client come from experiment/apps/, which checks the params."""
+    app = raw["app"]
+    if app not in APPS:
+        raise _fail(f"{where}.app", f"unknown app {app!r}; choose from {', '.join(APPS)}")
+    extra = set(raw) - {"app", "params", "label", "arms", "threads"}
+    if extra:
+        raise _fail(where, f"an app workload takes app, params, label, arms and threads; "
+                    f"remove {sorted(extra)}")
+    params = raw.get("params", {})
+    if not isinstance(params, dict):
+        raise _fail(f"{where}.params", "must be a table of the app's parameters")
+    from damon_hp.experiment.apps import check_params
+
+    try:
+        check_params(app, params)
+    except ValueError as e:
+        raise _fail(f"{where}.params", str(e)) from None
+    label = raw.get("label", "")
+    if label and (not isinstance(label, str) or not _NAME_RE.match(label)):
+        raise _fail(where, f"'label' must be a simple name (letters, digits, -_.+), got {label!r}")
+    threads = raw.get("threads", [1])
+    if isinstance(threads, int):
+        threads = [threads]
+    if (not isinstance(threads, list) or not threads
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1
+                       for t in threads)):
+        raise _fail(where, f"'threads' (client connections) must be integers >= 1, "
+                    f"got {threads!r}")
+    arms = raw.get("arms")
+    return Workload(
+        program=APPS[app], threads=tuple(threads), label=label or app,
+        arms=_str_list(arms, f"{where}.arms", APP_ARMS) if arms else None,
+        # lists as tuples: a Workload stays hashable
+        app=app, params=tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                     for k, v in params.items())),
     )
 
 
@@ -303,6 +357,19 @@ def parse(data: dict[str, Any], source: str = "<string>") -> Experiment:
     if not isinstance(raw_workloads, list) or not raw_workloads:
         raise _fail("[[workloads]]", "at least one workload table is needed")
     workloads = tuple(_workload(w, i) for i, w in enumerate(raw_workloads))
+    if len({w.app is None for w in workloads}) > 1:
+        raise _fail("[[workloads]]", "app workloads (app = ...) and programs cannot share an "
+                    "experiment file: their runs and reports differ; put them in two files")
+    if workloads[0].app is not None:
+        if where != "host":
+            raise _fail("[experiment].where", 'app workloads run on the host only (where = '
+                        '"host"): the servers and their data do not fit the test VM')
+        wrong = [a for a in arms if a not in APP_ARMS]
+        if wrong:
+            raise _fail("[experiment].arms", f"app workloads take the arms "
+                        f"{', '.join(APP_ARMS)}; remove {', '.join(wrong)}")
+        if memory != ("sufficient",):
+            raise _fail("[experiment].memory", "app workloads run with sufficient memory only")
     names = [w.name for w in workloads]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -399,6 +466,10 @@ def load(path: str | Path) -> Experiment:
 
 def applicable(workload: Workload, arm: str) -> str | None:
     """None when `arm` can run `workload`, else the reason it cannot."""
+    if workload.app is not None and arm not in APP_ARMS:
+        return f"app workloads take the arms {', '.join(APP_ARMS)}"
+    if workload.app is None and arm == "everywhere":
+        return "everywhere is for app workloads (a server collapsed after its warm-up)"
     if arm == "oracle" and workload.program not in GROUND_TRUTH_PROGRAMS:
         return (
             f"{workload.program} does not print its hot ranges; the oracle needs a "

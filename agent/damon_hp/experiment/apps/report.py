@@ -1,0 +1,322 @@
+"""report.md for app experiments: per workload and client test a table of the arms (median
+[min–max] over the interleaved repetitions), the memory and the arms' own cost, and the issue's
+targets as rows, each met or not with its numbers. Pure: run records in, Markdown out.
+
+Noise, as in analysis.py: half the min..max range of thp-never's runs, or 1 % of its median,
+whichever is larger. "No worse than thp-never beyond noise" = damon-hp's median within that
+noise of thp-never's median, or better. "Less memory than everywhere" = less by more than the
+runs' own spread (half of either arm's min..max range), and at least one huge page.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from damon_hp.experiment.results import OK, RunResult
+from damon_hp.experiment.spec import Experiment
+from damon_hp.experiment.writeup import fmt_bytes
+
+NEVER, EVERYWHERE, DAMON = "thp-never", "everywhere", "damon-hp"
+NOISE_FLOOR = 0.01
+CPU_GAIN_TARGET = 0.9
+RSS_TARGET = 0.02
+MIN_MEMORY_GAP = 2 << 20  # one huge page: a smaller memory difference is no difference
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def noise(self) -> float:
+        return max((self.hi - self.lo) / 2, NOISE_FLOOR * abs(self.median))
+
+
+def stat(values: list[float | None]) -> Stat | None:
+    vs = [float(v) for v in values if v is not None]
+    if not vs:
+        return None
+    return Stat(statistics.median(vs), min(vs), max(vs), len(vs))
+
+
+def fmt(s: Stat | None, unit: str = "", digits: int = 3) -> str:
+    if s is None:
+        return "n/a"
+
+    def one(v: float) -> str:
+        if unit == "B":
+            return fmt_bytes(v)
+        if unit == "%":
+            return f"{v * 100:.1f} %"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}g}"
+
+    if s.n == 1 or s.lo == s.hi:
+        return one(s.median) + ("" if unit in ("B", "%") else f" {unit}".rstrip())
+    return (f"{one(s.median)} [{one(s.lo)}–{one(s.hi)}]"
+            + ("" if unit in ("B", "%") else f" {unit}".rstrip()))
+
+
+def _phase(r: RunResult, test: str) -> dict[str, Any] | None:
+    return next((p for p in r.phases if p.get("test") == test), None)
+
+
+def _get(d: dict[str, Any] | None, *path: str) -> Any:
+    for k in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def huge_90_after_warmup(r: RunResult) -> float | None:
+    """Seconds from the end of the warm-up until AnonHugePages first reached 90 % of its
+    peak: when the arm's collapses took effect."""
+    peak = max((s.get("anon_huge") or 0 for s in r.samples), default=0)
+    start = _get(r.app, "marks", "warmed_up")
+    if not peak or start is None:
+        return None
+    for s in r.samples:
+        if (s.get("anon_huge") or 0) >= 0.9 * peak:
+            return max(0.0, s["t"] - start)
+    return None
+
+
+class Runs:
+    """The ok runs of one workload, by arm."""
+
+    def __init__(self, runs: list[RunResult]) -> None:
+        self.by_arm: dict[str, list[RunResult]] = {}
+        for r in runs:
+            if r.status == OK:
+                self.by_arm.setdefault(r.arm, []).append(r)
+
+    def stat(self, arm: str, value: Callable[[RunResult], Any]) -> Stat | None:
+        return stat([value(r) for r in self.by_arm.get(arm, [])])
+
+    def phase_stat(self, arm: str, test: str, key: str) -> Stat | None:
+        return self.stat(arm, lambda r: _get(_phase(r, test), key))
+
+    def paired(self, value: Callable[[RunResult], Any]) -> dict[int, dict[str, float]]:
+        """value per repetition and arm (runs of one repetition shared the machine)."""
+        out: dict[int, dict[str, float]] = {}
+        for arm, rs in self.by_arm.items():
+            for r in rs:
+                v = value(r)
+                if v is not None:
+                    out.setdefault(r.rep, {})[arm] = float(v)
+        return out
+
+
+def _tests(runs: list[RunResult]) -> list[str]:
+    seen: list[str] = []
+    for r in runs:
+        for p in r.phases:
+            if p.get("test") not in seen:
+                seen.append(p["test"])
+    return seen
+
+
+def arm_table(rs: Runs, arms: list[str], test: str) -> list[str]:
+    lines = ["| arm | runs | throughput (/s) | vs thp-never | latency p50 (ms) | p99 (ms) | "
+             "p99.9 (ms) | server CPU per request (µs) | steal | RSS at end | AnonHugePages "
+             "at end |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    never = rs.phase_stat(NEVER, test, "throughput")
+    for arm in arms:
+        n = len(rs.by_arm.get(arm, []))
+        tp = rs.phase_stat(arm, test, "throughput")
+        ratio = f"{tp.median / never.median:.3f}" if tp and never and never.median else "n/a"
+        lines.append(
+            f"| {arm} | {n} | {fmt(tp)} | {ratio} | {fmt(rs.phase_stat(arm, test, 'p50_ms'))} | "
+            f"{fmt(rs.phase_stat(arm, test, 'p99_ms'))} | "
+            f"{fmt(rs.phase_stat(arm, test, 'p999_ms'))} | "
+            f"{fmt(rs.phase_stat(arm, test, 'cpu_us_per_request'))} | "
+            f"{fmt(rs.phase_stat(arm, test, 'steal_frac'), '%')} | "
+            f"{fmt(rs.phase_stat(arm, test, 'rss_bytes'), 'B')} | "
+            f"{fmt(rs.phase_stat(arm, test, 'anon_huge_bytes'), 'B')} |")
+    return lines
+
+
+def _collapse_text(r: RunResult) -> str:
+    c = _get(r.app, "collapse")
+    if not isinstance(c, dict):
+        return "–"
+    errs = ", ".join(f"{k} {v}" for k, v in (c.get("errors") or {}).items())
+    return (f"{c.get('ok')}/{c.get('ranges')} ({fmt_bytes(c.get('bytes'))}, "
+            f"{c.get('seconds') or 0:.1f} s{', ' + errs if errs else ''})")
+
+
+def memory_table(rs: Runs, arms: list[str], churn: bool) -> list[str]:
+    head = ("| arm | RSS after the tests | AnonHugePages after the tests | peak RSS | "
+            + ("RSS after churn | AnonHugePages after churn | " if churn else "")
+            + "collapses ok/tried (bytes, time, errors), first run | AnonHugePages 90 % of "
+            "peak, s after warm-up | agent CPU (% of a core) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for arm in arms:
+        rs_arm = rs.by_arm.get(arm, [])
+        churn_cells = ""
+        if churn:
+            churn_cells = (f"{fmt(rs.stat(arm, lambda r: _get(r.app, 'after_churn', 'rss_bytes')), 'B')} | "  # noqa: E501
+                           f"{fmt(rs.stat(arm, lambda r: _get(r.app, 'after_churn', 'anon_huge_bytes')), 'B')} | ")  # noqa: E501
+        agent = rs.stat(arm, lambda r: r.agent_cpu_frac)
+        lines.append(
+            f"| {arm} | {fmt(rs.stat(arm, lambda r: _get(r.app, 'measured', 'rss_bytes')), 'B')} | "  # noqa: E501
+            f"{fmt(rs.stat(arm, lambda r: _get(r.app, 'measured', 'anon_huge_bytes')), 'B')} | "
+            f"{fmt(rs.stat(arm, lambda r: r.peak_rss_bytes), 'B')} | {churn_cells}"
+            f"{_collapse_text(rs_arm[0]) if rs_arm else 'n/a'} | "
+            f"{fmt(rs.stat(arm, huge_90_after_warmup), 's')} | "
+            f"{fmt(agent, '%') if arm == DAMON else '–'} |")
+    return lines
+
+
+@dataclass
+class Target:
+    what: str
+    met: bool | None  # None: undefined (reason in numbers)
+    numbers: str
+
+    def row(self) -> str:
+        verdict = {True: "**met**", False: "**not met**", None: "undefined"}[self.met]
+        return f"| {self.what} | {verdict} | {self.numbers} |"
+
+
+def _no_worse(rs: Runs, test: str, key: str, higher_is_better: bool, label: str) -> Target:
+    never, damon = rs.phase_stat(NEVER, test, key), rs.phase_stat(DAMON, test, key)
+    if never is None or damon is None:
+        return Target(label, None, "no ok runs of both arms")
+    diff = damon.median - never.median
+    met = diff >= -never.noise if higher_is_better else diff <= never.noise
+    few = "; fewer than 3 thp-never runs: the noise is a floor, not measured" \
+        if never.n < 3 else ""
+    return Target(label, met, f"damon-hp {fmt(damon)} vs thp-never {fmt(never)}: "
+                  f"{diff / never.median:+.1%}, noise ±{never.noise / never.median:.1%}{few}")
+
+
+def _cpu_gain(rs: Runs, test: str) -> Target:
+    label = f"{test}: damon-hp keeps >= 90 % of everywhere's gain in server CPU per request"
+    key = "cpu_us_per_request"
+    never, every, damon = (rs.phase_stat(a, test, key) for a in (NEVER, EVERYWHERE, DAMON))
+    if never is None or every is None or damon is None:
+        return Target(label, None, "no ok runs of all three arms")
+    gain = never.median - every.median
+    nums = (f"CPU per request (µs): thp-never {fmt(never)}, everywhere {fmt(every)}, damon-hp "
+            f"{fmt(damon)}")
+    if gain <= max(never.noise, every.noise):
+        return Target(label, None, f"{nums}; everywhere's gain ({gain:+.3g} µs) is within "
+                      "noise, so no share of it can be read")
+    share = (never.median - damon.median) / gain
+    per_rep = []
+    for vals in rs.paired(lambda r: _get(_phase(r, test), key)).values():
+        if all(a in vals for a in (NEVER, EVERYWHERE, DAMON)) and vals[NEVER] != vals[EVERYWHERE]:
+            per_rep.append((vals[NEVER] - vals[DAMON]) / (vals[NEVER] - vals[EVERYWHERE]))
+    spread = (f" (per repetition {min(per_rep):.0%}–{max(per_rep):.0%})" if per_rep else "")
+    return Target(label, share >= CPU_GAIN_TARGET, f"{nums}; share kept {share:.0%}{spread}")
+
+
+def _rss(rs: Runs) -> Target:
+    label = "RSS within 2 % of thp-never's (after the measured tests)"
+    never = rs.stat(NEVER, lambda r: _get(r.app, "measured", "rss_bytes"))
+    damon = rs.stat(DAMON, lambda r: _get(r.app, "measured", "rss_bytes"))
+    if never is None or damon is None:
+        return Target(label, None, "no ok runs of both arms")
+    excess = damon.median / never.median - 1
+    return Target(label, excess <= RSS_TARGET, f"damon-hp {fmt(damon, 'B')} vs thp-never "
+                  f"{fmt(never, 'B')}: {excess:+.1%}")
+
+
+def _churn(rs: Runs) -> Target:
+    label = "after deleting a random half of the keys and loading new ones: less memory than " \
+            "everywhere"
+    every = rs.stat(EVERYWHERE, lambda r: _get(r.app, "after_churn", "rss_bytes"))
+    damon = rs.stat(DAMON, lambda r: _get(r.app, "after_churn", "rss_bytes"))
+    never = rs.stat(NEVER, lambda r: _get(r.app, "after_churn", "rss_bytes"))
+    if every is None or damon is None:
+        return Target(label, None, "no ok runs of both arms")
+    # RSS is read exactly, so its noise is the runs' own spread, at least one huge page
+    noise = max((every.hi - every.lo) / 2, (damon.hi - damon.lo) / 2, MIN_MEMORY_GAP)
+    less = every.median - damon.median
+    return Target(label, less > noise,
+                  f"RSS damon-hp {fmt(damon, 'B')}, everywhere {fmt(every, 'B')}, thp-never "
+                  f"{fmt(never, 'B')}: damon-hp {fmt_bytes(less)} less, noise "
+                  f"±{fmt_bytes(noise)}")
+
+
+def targets(app: str, rs: Runs, tests: list[str], churn: bool) -> list[Target]:
+    out = []
+    for t in tests:
+        out.append(_no_worse(rs, t, "throughput", True,
+                             f"{t}: damon-hp throughput no worse than thp-never beyond noise"))
+        out.append(_no_worse(rs, t, "p99_ms", False,
+                             f"{t}: damon-hp latency p99 no worse than thp-never beyond noise"))
+        if app == "redis":
+            out.append(_cpu_gain(rs, t))
+    out.append(_rss(rs))
+    if churn:
+        out.append(_churn(rs))
+    return out
+
+
+def render(exp: Experiment, runs: list[RunResult], planned: int, command: str,
+           environment_lines: list[str], elapsed: str | None) -> str:
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"
+    lines = [f"# Experiment `{exp.name}`", ""]
+    if exp.description:
+        lines += [exp.description.strip(), ""]
+    lines += [f"Made by: `{command}`", "",
+              f"Runs: {len(runs)} of {planned} planned ({status}); {exp.repetitions} "
+              f"repetition(s), arms interleaved and rotated" + (f"; took {elapsed}" if elapsed
+                                                                else "") + ".", ""]
+    all_targets: list[tuple[str, Target]] = []
+    sections: list[str] = []
+    for w in exp.workloads:
+        wruns = [r for r in runs if r.workload == w.name]
+        rs = Runs(wruns)
+        tests = _tests(wruns)
+        churn = any(r.app.get("after_churn") for r in wruns)
+        arms = [a for a in exp.arms if w.arms is None or a in w.arms]
+        params = ", ".join(f"{k}={v}" for k, v in w.params)
+        sections += ["", f"## {w.name} ({w.app}; clients {', '.join(map(str, w.threads))}; "
+                     f"{params or 'defaults'})", ""]
+        for t in tests:
+            sections += [f"### {t}", ""] + arm_table(rs, arms, t) + [""]
+        sections += ["### Memory and the arms' cost", ""] + memory_table(rs, arms, churn)
+        all_targets += [(w.name, t) for t in targets(w.app or "", rs, tests, churn)]
+    lines += ["## Targets", "", "| workload: target | verdict | numbers (median [min–max]) |",
+              "|---|---|---|"]
+    lines += [f"| {name}: {t.row()[2:]}" for name, t in all_targets]
+    lines += sections
+    bad = [r for r in runs if r.status != OK]
+    if bad:
+        lines += ["", "## Runs not ok", ""]
+        lines += [f"- {r.cell_id}: {r.status}: {'; '.join(r.notes)[:400]}" for r in bad]
+    mechanisms: dict[str, str] = {}
+    for r in runs:
+        mechanisms.setdefault(r.arm, r.mechanism)
+    lines += ["", "## Arms", "", "| arm | how it was applied |", "|---|---|"]
+    lines += [f"| {a} | {mechanisms.get(a, 'not run')} |" for a in exp.arms]
+    lines += ["", "## How the numbers are made", "",
+              "- Each cell: median over the repetitions [min–max]. Runs are interleaved: every "
+              "repetition runs each arm once, in an order rotated by one per repetition.",
+              "- throughput and latency: the client's own figures (redis-benchmark: requests "
+              "per second and its percentile distribution, per pipelined request; sysbench: "
+              "transactions per second and its --histogram of transaction latency).",
+              "- server CPU per request: utime+stime of all the server's threads "
+              "(/proc/PID/stat) over one client test, divided by the requests it answered "
+              "(sysbench: queries). Steadier than throughput on a shared host.",
+              "- steal: the hypervisor's share of all CPU time over the test (/proc/stat).",
+              "- noise: half of thp-never's min..max range, at least 1 % of its median; a "
+              "target 'no worse beyond noise' is met when damon-hp's median is within it.",
+              "- agent CPU: damon-hp attach's CPU time over the server's life (from its ready "
+              "to its stop), as a share of one core; collapses are the agent's own counts.",
+              "", "## Environment", ""] + environment_lines
+    return "\n".join(lines) + "\n"
