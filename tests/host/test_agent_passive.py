@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from damon_hp import procfs
+from damon_hp.ranges import AddrRange
 from foreign_view import foreign_intervals, watched_share
 from leftovers import damon_read, sysfs_tree
 
@@ -26,6 +28,19 @@ HOTCOLD = str(ROOT / "workloads/bin/hotcold")
 DAMON = Path("/sys/kernel/mm/damon")
 ADMIN = DAMON / "admin"
 INSTANCES = Path("/sys/kernel/tracing/instances")
+
+
+def huge_shares(pid: int, hot: dict, cold: dict) -> tuple[float, float]:
+    """Shares of the hot and cold buffers that smaps shows as AnonHugePages (0 once gone)."""
+    try:
+        maps = procfs.read_smaps(pid)
+    except (procfs.ProcessGone, OSError):  # hotcold has exited
+        return 0.0, 0.0
+    def share(b: dict) -> float:
+        huge = procfs.smaps_in_ranges(maps, [AddrRange(b["start"], b["end"])]).anon_huge_bytes
+        return huge / (b["end"] - b["start"])
+
+    return share(hot), share(cold)
 
 
 def read_tree(root: Path) -> dict[str, str]:
@@ -50,13 +65,17 @@ def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_d
     env = {**os.environ, "DAMON_HP_RUN_DIR": str(tmp_path / "run")}
     p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = (0.0, 0.0)  # (hot, cold) shares on huge pages, read from smaps at the peak
     try:
         first = json.loads(p.stdout.readline())
-        hot = first["hot"]
+        hot, cold = first["hot"], first["cold"]
         for _ in range(2):  # two progress lines: the buffers are touched, the hot phase runs
             p.stdout.readline()
         seen = watched_share(first["pid"], hot["start"], hot["end"], kdamond_pid,
                              **foreign_intervals(running[0]))
+        for n, _line in enumerate(p.stdout):  # hotcold's once-a-second progress
+            if n % 5 == 0:
+                peak = max(peak, huge_shares(first["pid"], hot, cold))
         _, stderr = p.communicate(timeout=300)
     finally:
         if p.poll() is None:
@@ -68,22 +87,19 @@ def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_d
     assert s["source"]["name"] == "passive"
     assert s["source"]["kdamond_pid"] == kdamond_pid
     assert s["source"]["reader"] == "event stream + pagemap reverse map"
-    hot_size = hot["end"] - hot["start"]
-    # Frames the foreign kdamond does not monitor give no evidence (foreign_view.py): the hot
-    # buffer must be backed as far as the kdamond can see it, all of it when it sees all.
-    # (hotcold unmaps its buffers before it exits, so the last snapshot may see none: the
-    # timeline's peak is the measurement)
-    visible = seen * hot_size
-    peak_hot_huge = max(e["hot_huge_bytes"] or 0 for e in report["timeline"])
-    why = (f"{seen:.1%} of the hot buffer lay in the kdamond's regions; peak hot huge "
-           f"{peak_hot_huge >> 20} MiB; {report['timeline'][-5:]}")
-    print(why.split(";")[0])
-    assert peak_hot_huge >= 0.9 * visible, why
-    # How much cold memory a passive source collapses depends on how fast the foreign kdamond
-    # splits its physical regions: 0.6 % and 1.8 % of the cold bytes on a quiet host, 27 %
-    # with a VM test run beside it. That is a benchmark figure (README), not asserted here.
-    peak_huge = max(e["huge_bytes"] or 0 for e in report["timeline"])
-    assert peak_huge >= 0.9 * visible, why
+    # Behaviour, not speed. How much of the hot GiB a passive source backs within the run is
+    # physics: frames outside the kdamond's regions give no evidence (foreign_view.py), and
+    # its physical regions mix hotcold's hot frames with other processes' (quiet host: 90-100 %
+    # of the hot buffer huge; beside two other test suites 54 % at 73 s, 2026-11-25). A broken
+    # reverse map or policy backs nothing, or hot and cold alike: the hot buffer must be backed
+    # well within what the kdamond sees, and far ahead of the cold one.
+    hot_share, cold_share = peak
+    why = (f"{seen:.1%} of the hot buffer lay in the kdamond's regions; at the peak "
+           f"{hot_share:.1%} of the hot and {cold_share:.1%} of the cold buffer were huge; "
+           f"timeline tail {report['timeline'][-3:]}")
+    print(why.split("; timeline")[0])
+    assert hot_share >= 0.25 * seen, why
+    assert hot_share >= 5 * cold_share, why
     assert s["collapse"]["errors"] == {}
     assert read_tree(running[0]) == before  # the foreign kdamond, as it was
     # our tracefs instance is gone: every damon-hp instance left belongs to a live process
