@@ -44,6 +44,22 @@ def session_members(sid: int, with_leader: bool = True) -> list[str]:
     return out
 
 
+def processes_mentioning(marker: str) -> dict[int, str]:
+    """pid -> command line of every process (but this one) whose command line holds `marker`
+    (a case's unique folder or argument: what it started and left behind)."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmd:
+            found[int(pid)] = cmd
+    return found
+
+
 def alive(pid: int) -> bool:
     """Running, not a zombie."""
     try:

@@ -11,14 +11,13 @@ refused before anything starts. About a minute here; meant to stay under 3 at lo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from leftovers import instances_of
+from leftovers import instances_of, processes_mentioning
 
 DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -66,17 +65,7 @@ def _run(path: Path, out: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _processes_mentioning(marker: str) -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmd:
-            found.append(f"{pid} {cmd[:200]}")
-    return found
+    return [f"{pid} {cmd[:200]}" for pid, cmd in processes_mentioning(marker).items()]
 
 
 def test_tiny_redis_and_mariadb_run_every_arm_report_the_targets_and_leave_nothing(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from damon_hp.errors import EnvironmentProblem
 from damon_hp.experiment import arms
-from leftovers import kdamond_states
+from leftovers import kdamond_states, processes_mentioning
 
 DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -51,17 +51,7 @@ def _run(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
 
 
 def _processes_with(marker: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmd:
-            found.append(int(pid))
-    return found
+    return list(processes_mentioning(marker))
 
 
 def test_never_gets_no_huge_pages_and_the_oracle_backs_exactly_the_hot_range(tmp_path):

@@ -51,7 +51,7 @@ def fmt_value(x: float | None, unit: str) -> str:
         return f"{x:.3g} s" if x >= 0.001 or x == 0 else f"{x * 1e9:.3g} ns"
     if unit == "ns":
         return f"{x:.3g} ns"
-    if unit == "%":  # two significant digits, but no exponent for 100 % and more
+    if unit == "%":  # whole percents from 10 % on (.2g wrote 100 % as 1e+02), else 2 digits
         return f"{x * 100:.0f}%" if abs(x) >= 0.1 else f"{x * 100:.2g}%"
     if float(x).is_integer() or abs(x) >= 1000:
         return f"{x:.0f}"
