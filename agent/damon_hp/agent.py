@@ -229,10 +229,14 @@ class Agent:
             if self.target.exited() or not keep_going():
                 return "target exit"
             try:
-                if self.thp_disabled():
-                    return THP_DISABLED
+                status = self.files.status()
             except procfs.ProcessGone:
                 return "target exit"
+            if procfs.thp_disabled_by_process(status):
+                return THP_DISABLED
+            # Peaks between snapshots too: a physical source may withhold every snapshot of a
+            # short command (it faults its memory in), which left peak RSS unknown.
+            self.report.observe_memory(None, status.vm_rss, status.vm_pte, final=False)
             try:
                 snap = self.source.snapshot()
             except KdamondStopped:
@@ -264,10 +268,6 @@ class Agent:
                 self.step(snap)
             except procfs.ProcessGone:
                 return "target exit"
-
-    def thp_disabled(self) -> bool:
-        """The target has turned THP off for itself (THP_enabled: 0 in its status)."""
-        return procfs.thp_disabled_by_process(self.files.status())
 
     def step(self, snap: Snapshot) -> None:
         """Everything done with one snapshot: decide, apply, record, report."""

@@ -154,9 +154,11 @@ class RunReport:
         return self.hot_huge_bytes / self.hot_bytes
 
     def observe_memory(
-        self, huge: int | None, rss: int | None, pte: int | None
+        self, huge: int | None, rss: int | None, pte: int | None, final: bool = True
     ) -> None:
-        """Fold one reading of the target's memory into the peak and final values."""
+        """Fold one reading of the target's memory into the peak values, and with `final`
+        into the final ones (only snapshots set those: a reading between them may catch the
+        target's exit unmapping its memory)."""
 
         def peak(old: int | None, new: int | None) -> int | None:
             if new is None:
@@ -166,6 +168,8 @@ class RunReport:
         self.peak_huge_bytes = peak(self.peak_huge_bytes, huge)
         self.peak_rss_bytes = peak(self.peak_rss_bytes, rss)
         self.peak_pte_bytes = peak(self.peak_pte_bytes, pte)
+        if not final:
+            return
         if huge is not None:
             self.final_huge_bytes = huge
         if rss is not None:

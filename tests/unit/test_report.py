@@ -40,6 +40,16 @@ def test_a_missing_reading_does_not_erase_the_last_known_value() -> None:
     assert r.final_huge_bytes == 32 << 20 and r.peak_rss_bytes == 120 << 20
 
 
+def test_a_reading_between_snapshots_moves_only_the_peaks() -> None:
+    r = make_report()
+    r.observe_memory(None, 130 << 20, 100 << 10, final=False)
+    assert r.peak_rss_bytes == 130 << 20 and r.final_rss_bytes == 110 << 20
+    assert r.peak_pte_bytes == 400 << 10 and r.final_pte_bytes == 350 << 10
+    fresh = RunReport(mode="run", target_pid=1, command=[], kernel="k", thp_mode="never")
+    fresh.observe_memory(None, 5 << 20, 4 << 10, final=False)  # no snapshot yet
+    assert fresh.peak_rss_bytes == 5 << 20 and fresh.final_rss_bytes is None
+
+
 def test_coverage_is_the_huge_share_of_the_last_hot_set_and_unknown_without_one() -> None:
     r = make_report()
     assert r.coverage == 0.5
