@@ -96,9 +96,14 @@ def running_kdamonds() -> dict[int, list[int]]:
     for _ in range(50):
         try:
             return _running_kdamonds()
-        except OSError:  # the daemon rewrote nr_targets while we read: its dirs went
+        except (OSError, TornRead):  # the daemon rewrote nr_targets while we read
             time.sleep(0.2)
     return _running_kdamonds()
+
+
+class TornRead(Exception):
+    """nr_targets and the target dirs disagreed: read in the middle of the daemon's update
+    (seen in a loaded fresh-clone run, 2026-11-25)."""
 
 
 def _running_kdamonds() -> dict[int, list[int]]:
@@ -108,7 +113,8 @@ def _running_kdamonds() -> dict[int, list[int]]:
             continue
         tdir = d / "contexts/0/targets"
         targets = [int(io.read(t / "pid_target")) for t in io.numbered_dirs(tdir)]
-        assert int(io.read(tdir / "nr_targets")) == len(targets)
+        if int(io.read(tdir / "nr_targets")) != len(targets):
+            raise TornRead(f"{tdir}: nr_targets and {targets} disagree")
         out[int(io.read(d / "pid"))] = targets
     return out
 
