@@ -46,7 +46,10 @@ INSTANCES = Path("/sys/kernel/tracing/instances")
 # hotcold (1.4 s for 128M/512M) and none of the physical-source tests got its hot buffer to
 # 90 % within 120 s; a quarter of the size keeps them within the deadline.
 HOT, COLD = "64M", "256M"
-DEADLINE_S = 120.0
+# 240 s (hotcold runs 300): beside three other fresh-clone suites the passive test saw its first
+# promotion at 72 s and 44 % of the hot buffer huge at 120 s (2026-11-25). The tests stop as soon
+# as the share is reached, so only a slow run waits longer.
+DEADLINE_S = 240.0
 HOT_SHARE = 0.90
 # The physical sources (paddr, passive) are judged on behaviour, not precision: each must
 # promote the hot buffer ahead of the cold one (a broken reverse map promotes both alike, or
