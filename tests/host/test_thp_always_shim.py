@@ -68,6 +68,20 @@ def test_sparse_memory_is_inflated_by_the_shim(shim):
     assert rss >= 4 * rss_plain  # 256 MiB touched one page in 16: 16x on huge pages
 
 
+@pytest.mark.parametrize("argv", [
+    ["hotcold", "--hot", "16M", "--cold", "16M"],
+    ["gups", "--size", "16M"],
+], ids=["hotcold", "gups"])
+def test_the_sparse_heap_of_hotcold_and_gups_is_inflated_by_the_shim(shim, argv):
+    # host.toml's THP memory overhead on gups and hotcold comes from this region
+    argv = [str(BIN / argv[0]), *argv[1:], "--sparse", "256M", "--seconds", "30"]
+    rss_plain, huge_plain = _anon_huge_kb(argv, dict(os.environ))
+    rss, huge = _anon_huge_kb(argv, dict(os.environ, **arms.thp_always_env()))
+    assert huge_plain == 0
+    assert huge >= 256 * 1024
+    assert rss - rss_plain >= 200 * 1024  # 16 of 256 MiB resident on 4 KiB pages, all on 2 MiB
+
+
 def test_mallocd_memory_is_huge_with_the_shim(shim):
     code = ("b = bytearray(64 << 20)\n"
             "for i in range(0, len(b), 4096): b[i] = 1\n"

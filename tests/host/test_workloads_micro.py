@@ -197,6 +197,32 @@ def test_gups_without_the_flag_leaves_its_table_unadvised(start):
     assert code == 0 and lines[-1]["stopped_by"] == "SIGTERM"
 
 
+@pytest.mark.parametrize("argv", [
+    ("hotcold", "--hot", "4M", "--cold", "4M"),
+    ("gups", "--size", "4M"),
+], ids=["hotcold", "gups"])
+def test_sparse_region_is_its_own_unadvised_mapping_with_one_resident_page_per_stride(start, argv):
+    if "[always]" in THP_ENABLED.read_text():
+        pytest.skip("THP is 'always' on this host: any fault may take a huge page")
+    w = start(*argv, "--sparse", "10M", "--stride", "128K", "--seconds", "0")
+    sparse = w.first["sparse"]
+    assert sparse["end"] - sparse["start"] == 10 * MIB and sparse["start"] % HUGE == 0
+    assert sparse["stride"] == 128 * 1024 and sparse["touched_pages"] == 80
+    e = smaps_entries(w.proc.pid)[(sparse["start"], sparse["end"])]
+    assert "hg" not in e["VmFlags"].split()
+    assert kib(e["Rss"]) == 80 * 4 and kib(e["AnonHugePages"]) == 0
+    code, lines = w.stop()
+    assert code == 0 and lines[-1]["stopped_by"] == "SIGTERM"
+
+
+@pytest.mark.parametrize("program", ["hotcold", "gups"])
+def test_without_sparse_there_is_no_sparse_region(program):
+    r = run(program, "--seconds", "0.1", *(["--hot", "4M", "--cold", "4M"] if program == "hotcold"
+                                          else ["--size", "4M"]))
+    assert r.returncode == 0, r.stderr
+    assert "sparse" not in json_lines(r.stdout)[0]
+
+
 BAD_FLAGS = [
     ("hotcold", ["--bogus"]),
     ("hotcold", ["--hot", "12Q"]),
@@ -211,6 +237,10 @@ BAD_FLAGS = [
     ("gups", ["--updates", "10", "--seconds", "1"]),
     ("gups", ["--size", "4"]),
     ("gups", ["--updates", "0"]),
+    ("hotcold", ["--sparse", "1x"]),
+    ("hotcold", ["--stride", "1000"]),
+    ("gups", ["--sparse", "-1"]),
+    ("gups", ["--stride", "0"]),
 ]
 
 

@@ -8,6 +8,10 @@
  *
  * --hugepage makes the program madvise(MADV_HUGEPAGE) the table before filling it: with the host's
  * THP mode "madvise" that is how this one process gets huge pages without a global switch.
+ *
+ * --sparse adds a second mapping touched one page per --stride (a fragmented heap beside the
+ * table), which THP "always" would back with whole huge pages: so one run shows what a policy keeps
+ * of THP's speed on the table and what it saves of THP's memory on the heap.
  */
 #include <stdatomic.h>
 
@@ -30,6 +34,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: gups [--size SIZE] [--updates N | --seconds S] [--threads T] [--hugepage]\n"
+		"            [--sparse SIZE [--stride SIZE]]\n"
 		"  Random read-modify-write (XOR) of 64-bit words of a SIZE-byte table (one 2 MiB-aligned\n"
 		"  anonymous mmap, filled once before timing starts).\n"
 		"  --size SIZE   table size (default 1G); suffixes K, M, G (1024-based)\n"
@@ -38,8 +43,12 @@ static void usage(FILE *f)
 		"                0 = until SIGINT/SIGTERM)\n"
 		"  --threads T   updater threads, 1..1024 (default 1)\n"
 		"  --hugepage    madvise(MADV_HUGEPAGE) the table before filling it (default: no madvise)\n"
+		"  --sparse SIZE also map a sparse region of SIZE (never madvised), of which only the\n"
+		"                first 4 KiB page of every STRIDE bytes is written once (default 0: none)\n"
+		"  --stride SIZE a multiple of 4K (default 64K: 1/16 of the sparse region resident)\n"
 		"stdout, one JSON object per line:\n"
-		"  at start: {\"pid\":P,\"table\":{\"start\":A,\"end\":B}}   (decimal, end exclusive)\n"
+		"  at start: {\"pid\":P,\"table\":{\"start\":A,\"end\":B}}   (decimal, end exclusive);\n"
+		"            with --sparse also \"sparse\":{\"start\":E,\"end\":F,\"stride\":S,\"touched_pages\":T}\n"
 		"  each second (--seconds S > 0): {\"progress\":{\"t\":T,\"ops\":N,\"cpu_s\":C}}\n"
 		"  at end:   {\"size\":B,\"threads\":T,\"hugepage\":bool,\"updates\":N,\"seconds\":S,\"cpu_s\":C,\n"
 		"             \"ns_per_update\":X,\"gups\":G,\"anon_huge_kb\":K,\"stopped_by\":...}\n"
@@ -96,7 +105,7 @@ static long long anon_huge_kb(uintptr_t start)
 
 int main(int argc, char **argv)
 {
-	uint64_t size = 1ULL << 30;
+	uint64_t size = 1ULL << 30, sparse_size = 0, stride = MB_SPARSE_STRIDE;
 	long long threads = 1, updates = -1;
 	double seconds = -1;
 	bool hugepage = false;
@@ -106,6 +115,8 @@ int main(int argc, char **argv)
 		{ "seconds", MB_ARG_SECONDS, &seconds, 0, 0, 0, "a number of seconds >= 0" },
 		{ "threads", MB_ARG_COUNT, &threads, 1, 1024, 0, "a number from 1 to 1024" },
 		{ .name = "hugepage", .kind = MB_ARG_FLAG, .value = &hugepage },
+		{ "sparse", MB_ARG_SIZE, &sparse_size, 0, 0, 0, "a size >= 0 (e.g. 1G)" },
+		{ "stride", MB_ARG_SIZE, &stride, 1, 0, MB_PAGE, "a multiple of 4K > 0 (e.g. 64K)" },
 		{ 0 },
 	};
 	mb_parse_args(PROG, usage, argc, argv, args);
@@ -128,11 +139,23 @@ int main(int argc, char **argv)
 			"'never'?); continuing on 4 KiB pages\n", strerror(errno));
 		hugepage = false;
 	}
+	unsigned char *sparse = NULL;
+	if (sparse_size) {
+		sparse = mb_map_aligned(sparse_size);
+		if (!sparse) {
+			fprintf(stderr, "gups: mmap of %" PRIu64 " bytes failed: %s\n", sparse_size,
+				strerror(errno));
+			return 1;
+		}
+		mb_touch_sparse(sparse, sparse_size, stride, true);
+	}
 	for (uint64_t i = 0; i < words; i++)
 		table[i] = i;
 
-	printf("{\"pid\":%d,\"table\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "}}\n",
-	       (int)getpid(), (uintptr_t)table, (uintptr_t)table + (uintptr_t)size);
+	char sparse_json[160];
+	mb_sparse_json(sparse_json, sizeof(sparse_json), sparse, sparse_size, stride);
+	printf("{\"pid\":%d,\"table\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "}%s}\n",
+	       (int)getpid(), (uintptr_t)table, (uintptr_t)table + (uintptr_t)size, sparse_json);
 	fflush(stdout);
 
 	struct worker *w = mb_alloc_workers(PROG, threads, sizeof(*w));
@@ -178,5 +201,7 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	free(w);
 	mb_unmap_aligned(table, size);
+	if (sparse)
+		mb_unmap_aligned(sparse, sparse_size);
 	return 0;
 }

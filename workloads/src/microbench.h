@@ -225,6 +225,37 @@ static inline void mb_touch_pages(void *p, uint64_t size, unsigned char val)
 		c[off] = val;
 }
 
+/*
+ * A heap after most of its objects were freed: one byte of the first 4 KiB page of every `stride`
+ * bytes is written (or, on a retouch, read). On 4 KiB pages such a region costs size/stride pages;
+ * on huge pages all of it, since every 2 MiB holds a touched page: the memory THP "always" wastes.
+ */
+#define MB_SPARSE_STRIDE (64ULL << 10)
+
+static inline void mb_touch_sparse(void *p, uint64_t size, uint64_t stride, bool write)
+{
+	volatile unsigned char *c = p;
+	for (uint64_t off = 0; off < size; off += stride) {
+		if (write)
+			c[off] = 1;
+		else
+			(void)c[off];
+	}
+}
+
+/* The start line's "sparse" member, with the leading comma, or "" when there is no region. */
+static inline void mb_sparse_json(char *buf, size_t len, const void *p, uint64_t size,
+				  uint64_t stride)
+{
+	if (!size) {
+		buf[0] = 0;
+		return;
+	}
+	snprintf(buf, len, ",\"sparse\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR ",\"stride\":%"
+		 PRIu64 ",\"touched_pages\":%" PRIu64 "}", (uintptr_t)p, (uintptr_t)p + (uintptr_t)size,
+		 stride, (size + stride - 1) / stride);
+}
+
 /* splitmix64: one 64-bit state per thread, good enough to pick cache lines at random. */
 static inline uint64_t mb_rand(uint64_t *state)
 {

@@ -24,7 +24,6 @@
 #define DEFAULT_HOT (64ULL << 20)
 #define DEFAULT_COLD (64ULL << 20)
 #define DEFAULT_SPARSE (1ULL << 30)
-#define DEFAULT_STRIDE (64ULL << 10)
 #define BATCH 4096
 
 struct worker {
@@ -82,19 +81,6 @@ static void *reader(void *arg)
 	return NULL;
 }
 
-/* One byte of the first 4 KiB page of every `stride` bytes: written at start, read on a
- * retouch. Volatile, so every access really happens. */
-static void touch_sparse(unsigned char *p, uint64_t size, uint64_t stride, bool write)
-{
-	volatile unsigned char *c = p;
-	for (uint64_t off = 0; off < size; off += stride) {
-		if (write)
-			c[off] = 1;
-		else
-			(void)c[off];
-	}
-}
-
 /* Maps a region and, when asked, madvises it before anything touches it. */
 static void *map_region(const char *name, uint64_t size, bool *hugepage)
 {
@@ -115,7 +101,7 @@ static void *map_region(const char *name, uint64_t size, bool *hugepage)
 int main(int argc, char **argv)
 {
 	uint64_t hot_size = DEFAULT_HOT, cold_size = DEFAULT_COLD, sparse_size = DEFAULT_SPARSE;
-	uint64_t stride = DEFAULT_STRIDE;
+	uint64_t stride = MB_SPARSE_STRIDE;
 	long long threads = 1;
 	double seconds = 10, retouch_seconds = 0;
 	bool hugepage = false;
@@ -140,19 +126,17 @@ int main(int argc, char **argv)
 	uint64_t *hot = map_region("hot", hot_size, &hugepage);
 	unsigned char *cold = map_region("cold", cold_size, &hugepage);
 	unsigned char *sparse = map_region("sparse", sparse_size, &hugepage);
-	uint64_t touched_pages = (sparse_size + stride - 1) / stride;
-	touch_sparse(sparse, sparse_size, stride, true);
+	mb_touch_sparse(sparse, sparse_size, stride, true);
 	mb_touch_pages(cold, cold_size, 2);
 	/* Writing the hot region makes its pages real, as in hotcold (not the shared zero page). */
 	mb_touch_pages(hot, hot_size, 3);
 
+	char sparse_json[160];
+	mb_sparse_json(sparse_json, sizeof(sparse_json), sparse, sparse_size, stride);
 	printf("{\"pid\":%d,\"hot\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "},"
-	       "\"cold\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "},"
-	       "\"sparse\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR ",\"stride\":%" PRIu64
-	       ",\"touched_pages\":%" PRIu64 "}}\n",
+	       "\"cold\":{\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR "}%s}\n",
 	       (int)getpid(), (uintptr_t)hot, (uintptr_t)hot + (uintptr_t)hot_size,
-	       (uintptr_t)cold, (uintptr_t)cold + (uintptr_t)cold_size,
-	       (uintptr_t)sparse, (uintptr_t)sparse + (uintptr_t)sparse_size, stride, touched_pages);
+	       (uintptr_t)cold, (uintptr_t)cold + (uintptr_t)cold_size, sparse_json);
 	fflush(stdout);
 
 	struct worker *w = mb_alloc_workers(PROG, threads, sizeof(*w));
@@ -187,7 +171,7 @@ int main(int argc, char **argv)
 				break;
 			if (end && mb_now(CLOCK_MONOTONIC) >= end)
 				break;
-			touch_sparse(sparse, sparse_size, stride, false);
+			mb_touch_sparse(sparse, sparse_size, stride, false);
 			retouches++;
 		}
 	} else {
