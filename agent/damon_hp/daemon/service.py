@@ -44,10 +44,9 @@ from damon_hp.daemon import budget as budget_mod
 from damon_hp.daemon import selection
 from damon_hp.daemon.config import DaemonConfig, load_config
 from damon_hp.daemon.vaddr import MultiTargetSource
-from damon_hp.damon import events, kdamond, ownership, placement, revmap, sources
+from damon_hp.damon import ownership, placement, revmap, sources
 from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import Snapshot
-from damon_hp.damon.status import probe
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.options import MonitorOptions
 
@@ -77,35 +76,16 @@ def open_source(request: sources.SourceRequest) -> Source:
     """Where DAMON is free with vaddr (auto, vaddr): our one kdamond with a target per process;
     else the machine-wide physical stream: our paddr kdamond where DAMON is free (auto,
     paddr), else a foreign paddr kdamond's events (auto, passive), bound to no process."""
-    if request.kind != "passive":
-        kdamond.reclaim_stale()
-    events.remove_stale_instances()
-    found = probe()
-    if not found.sysfs_present:
-        raise EnvironmentProblem("damon-hp daemon: DAMON sysfs (/sys/kernel/mm/damon/admin) is "
-                                 "missing: this kernel has no DAMON. See `damon-hp doctor`.")
-    if not found.readable:
-        raise EnvironmentProblem(f"damon-hp daemon: {found.error}; run it as root.")
+    found = sources.probe_for(request, "damon-hp daemon")
+    kind, why = sources.choose_kind(request, found, "asked for in the config")
     m = MonitorOptions()
     mon = sources.MonitorSettings(m.intervals, m.min_nr_regions, m.max_nr_regions, None)
-    if request.kind == "vaddr":
+    if kind == "vaddr":
         placement.plan_start(found, "vaddr")  # refused now, not at the first process
-        return MultiTargetSource(mon, "asked for in the config", log)
-    if request.kind == "paddr":
-        return sources._open_paddr(0, mon, "asked for in the config")
-    if request.kind == "passive":
-        return sources._open_passive(0, request, found, "asked for in the config")
-    refusals = []
-    for kind in ("vaddr", "paddr"):
-        try:
-            placement.plan_start(found, kind)
-        except EnvironmentProblem as e:
-            refusals.append(f"no {kind} kdamond of ours ({str(e).removeprefix('damon-hp: ')})")
-            continue
-        if kind == "vaddr":
-            return MultiTargetSource(mon, "auto: DAMON is free and has vaddr", log)
-        return sources._open_paddr(0, mon, "auto: DAMON is free; " + refusals[0])
-    return sources._open_passive(0, request, found, "auto: " + "; ".join(refusals))
+        return MultiTargetSource(mon, why, log)
+    if kind == "paddr":
+        return sources._open_paddr(0, mon, why)
+    return sources._open_passive(0, request, found, why)
 
 
 class Managed:
@@ -474,18 +454,21 @@ class Service:
             m.populating_snapshots += 1
             return None
         snap = revmap.reverse_map(phys, frames).snapshot
-        return self._decide_on(m, snap, thp, maps)
+        return self._decide_on(m, snap, thp, (status, maps))
 
     def _decide_on(self, m: Managed, snap: Snapshot, thp: str,
-                   maps: list[procfs.Mapping] | None = None,
+                   read: tuple[procfs.Status, list[procfs.Mapping]] | None = None,
                    ) -> tuple[policy.Decision, dict[int, float]] | None:
         """The policy's decision on the process's virtual snapshot; None while it is skipped
-        (THP disabled for itself)."""
-        status = m.files.status()
-        if self._skip_if_thp_disabled(m, status):
-            return None
-        if maps is None:
+        (THP disabled for itself). `read`: its status and maps if the caller already read
+        them for this snapshot (and checked THP is allowed)."""
+        if read is None:
+            status = m.files.status()
+            if self._skip_if_thp_disabled(m, status):
+                return None
             maps = procfs.read_maps(m.pid)
+        else:
+            status, maps = read
         mappings = [x.range for x in maps if x.anonymous_private]
         cands = policy.collapse_candidates(snap, m.state, m.params, mappings=mappings)
         resident = m.files.resident_pages(cands) if cands else {}

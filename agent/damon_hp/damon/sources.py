@@ -326,8 +326,9 @@ def _open_passive(pid: int, request: SourceRequest, found: DamonStatus,
                                "not ours)", kpid, sample_us, aggr_us, stream, pid, limits, alive)
 
 
-def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> AccessSource:
-    """Open the requested source (auto: the first that works) or say why none can."""
+def probe_for(request: SourceRequest, who: str = "damon-hp") -> DamonStatus:
+    """DAMON as it is now, after clearing what dead agents of ours left; raises where this
+    kernel has no DAMON or it is unreadable. `who` starts the messages."""
     # A kdamond a SIGKILLed agent of ours left running would block every start: stop it first
     # (only ever one an ownership record proves ours), then judge what DAMON offers.
     if request.kind != "passive":
@@ -336,16 +337,18 @@ def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> Acces
     found = probe()
     if not found.sysfs_present:
         raise EnvironmentProblem(
-            "damon-hp: DAMON sysfs (/sys/kernel/mm/damon/admin) is missing: this kernel has no "
+            f"{who}: DAMON sysfs (/sys/kernel/mm/damon/admin) is missing: this kernel has no "
             "DAMON (CONFIG_DAMON_SYSFS). See `damon-hp doctor`.")
     if not found.readable:
-        raise EnvironmentProblem(f"damon-hp: {found.error}; run damon-hp as root.")
-    if request.kind == "vaddr":
-        return _open_vaddr(pid, mon, "asked for with --source vaddr")
-    if request.kind == "paddr":
-        return _open_paddr(pid, mon, "asked for with --source paddr")
-    if request.kind == "passive":
-        return _open_passive(pid, request, found, "asked for with --source passive")
+        raise EnvironmentProblem(f"{who}: {found.error}; run damon-hp as root.")
+    return found
+
+
+def choose_kind(request: SourceRequest, found: DamonStatus, asked: str) -> tuple[str, str]:
+    """The source kind to open and why: the one asked for, or (auto) vaddr, else paddr where
+    DAMON is free, else passive, the reason naming what refused the better ones."""
+    if request.kind != "auto":
+        return request.kind, asked
     refusals = []
     for kind in ("vaddr", "paddr"):
         try:
@@ -353,12 +356,24 @@ def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> Acces
         except EnvironmentProblem as e:
             refusals.append(f"{kind}: {str(e).removeprefix('damon-hp: ')}")
             continue
-        why = "auto: " + ("the best source, DAMON is free" if kind == "vaddr" else
-                          "no vaddr here (" + refusals[0] + ")")
-        return _open_vaddr(pid, mon, why) if kind == "vaddr" else _open_paddr(pid, mon, why)
+        return kind, "auto: " + ("the best source, DAMON is free" if kind == "vaddr" else
+                                 "no vaddr here (" + refusals[0] + ")")
+    return "passive", "auto: " + "; ".join(refusals)
+
+
+def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> AccessSource:
+    """Open the requested source (auto: the first that works) or say why none can."""
+    found = probe_for(request)
+    kind, why = choose_kind(request, found, f"asked for with --source {request.kind}")
+    if kind == "vaddr":
+        return _open_vaddr(pid, mon, why)
+    if kind == "paddr":
+        return _open_paddr(pid, mon, why)
     try:
-        return _open_passive(pid, request, found, "auto: " + "; ".join(refusals))
+        return _open_passive(pid, request, found, why)
     except EnvironmentProblem as e:
-        refusals.append(f"passive: {str(e).removeprefix('damon-hp: ')}")
-    raise EnvironmentProblem("damon-hp: no DAMON access source works here:\n  "
-                             + "\n  ".join(refusals))
+        if request.kind != "auto":
+            raise
+        raise EnvironmentProblem("damon-hp: no DAMON access source works here:\n  "
+                                 + why.removeprefix("auto: ").replace("; ", "\n  ")
+                                 + f"\n  passive: {str(e).removeprefix('damon-hp: ')}") from None
