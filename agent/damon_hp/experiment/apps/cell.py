@@ -242,8 +242,10 @@ def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -
         if agent is not None:
             with bg.lock:
                 sampler.sample(time.monotonic())  # the agent's CPU time, last read
+            t_stop = time.monotonic()
             code = _stop_agent(agent)
             result.app["agent_exit"] = code
+            result.app["agent_stop_s"] = round(time.monotonic() - t_stop, 3)
             arms.DamonHp().finish(state)
             for k, v in state.metrics.items():
                 setattr(result, k, v)
@@ -256,8 +258,10 @@ def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -
                 setattr(result, k, v)
         result.samples = sampler.samples
         result.wall_s = time.monotonic() - t0
+        t_stop = time.monotonic()
         server.stop()
         result.exit_code = server.proc.returncode
+        result.app["stop_s"] = round(time.monotonic() - t_stop, 3)  # where the run's time goes
 
 
 def _agent_collapses(state: arms.RunState, result: RunResult) -> None:
