@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from damon_hp import procfs
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.experiment.apps import server as srv
 from damon_hp.experiment.apps.client import ClientResult, quantile
@@ -137,6 +138,7 @@ class Redis:
         self.p = params
         self.clients = clients
         self.port = 0
+        self.server_pid = 0
 
     @staticmethod
     def check_installed() -> None:
@@ -148,7 +150,7 @@ class Redis:
     def tests(self) -> list[str]:
         return list(self.p.tests)
 
-    def prepare(self, datadir: Path, shared: Path) -> dict[str, float]:
+    def prepare(self, datadir: Path, shared: Path) -> dict[str, float | int | None]:
         """The run's data directory holding a hard link to the seed's snapshot (made first if
         this is the experiment's first Redis run). The server never writes it (no save
         points, and a save would replace the link by rename, not write through it)."""
@@ -159,12 +161,12 @@ class Redis:
             os.link(seed / RDB, datadir / RDB)
         except OSError:  # another file system
             shutil.copyfile(seed / RDB, datadir / RDB)
-        out = {"rdb_bytes": float((seed / RDB).stat().st_size)}
+        out: dict[str, float | int | None] = {"rdb_bytes": (seed / RDB).stat().st_size}
         if seeded is not None:
             out.update(seeded)
         return out
 
-    def _seed(self, seed: Path) -> dict[str, float] | None:
+    def _seed(self, seed: Path) -> dict[str, float | int | None] | None:
         """Load the keys once through the pipe into a seed server and SAVE its snapshot
         (seconds taken; None: done before)."""
         if (seed / SEED_DONE).exists():
@@ -177,6 +179,7 @@ class Redis:
             load_s = self._pipe(set_commands(range(self.p.keys), b"v" * self.p.value_bytes),
                                 seed / "load.txt", f"loading {self.p.keys} keys")
             self._check_keys("loading them")
+            memory = self._memory(server.pid)
             t_save = time.monotonic()
             if self._cli("save", timeout=self.p.timeout_s).strip() != "OK":
                 raise DamonHpError(f"redis SAVE of the seed snapshot failed; see {seed}")
@@ -184,7 +187,8 @@ class Redis:
             server.stop()
         (seed / SEED_DONE).write_text("saved\n")
         return {"seed_s": round(time.monotonic() - t0, 3), "seed_load_s": round(load_s, 3),
-                "seed_save_s": round(save_s, 3)}
+                "seed_save_s": round(save_s, 3),
+                **{f"seed_{k}": v for k, v in memory.items()}}
 
     def start(self, datadir: Path, rundir: Path, thp_disable: bool, env: dict[str, str],
               stack: contextlib.ExitStack) -> srv.Server:
@@ -203,6 +207,7 @@ class Redis:
                            thp_disable, stack)
         # it answers PING with -LOADING until the snapshot is in memory
         server.wait_ready(self._ping, max(60.0, self.p.timeout_s))
+        self.server_pid = server.pid
         return server
 
     def _cli(self, *args: str, timeout: float = 60.0) -> str:
@@ -251,10 +256,19 @@ class Redis:
         if n != self.p.keys:
             raise DamonHpError(f"redis holds {n} keys after {after}, not {self.p.keys}")
 
-    def load(self, rundir: Path) -> dict[str, float]:
+    def _memory(self, pid: int) -> dict[str, int | None]:
+        """The allocator's bytes in use (INFO memory) and the RSS: after the seed's pipe load
+        and after each run's snapshot load, to show the two lay the data set out alike."""
+        info = dict(line.strip().partition(":")[::2]
+                    for line in self._cli("info", "memory").splitlines() if ":" in line)
+        used = info.get("used_memory")
+        return {"used_memory": int(used) if used and used.isdigit() else None,
+                "rss_bytes": procfs.smaps_rollup(pid).get("Rss")}
+
+    def load(self, rundir: Path) -> dict[str, int | None]:
         """The snapshot was loaded before the server answered (ready_s); check it is whole."""
         self._check_keys("loading the seed snapshot")
-        return {}
+        return {f"loaded_{k}": v for k, v in self._memory(self.server_pid).items()}
 
     def _benchmark(self, test: str, requests: int, out: Path) -> ClientResult:
         argv = ["redis-benchmark", "-p", str(self.port), "-t", test, "-r", str(self.p.keys),
