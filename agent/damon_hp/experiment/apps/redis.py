@@ -5,11 +5,12 @@ a random half of the keys deleted and as many new ones loaded.
 The data set is loaded once per experiment: a seed server is fed through `redis-cli --pipe`
 (keys key:000000000000 ... exactly as redis-benchmark's -r names them) and SAVEs an RDB snapshot
 into a seed directory; every run's server starts from a hard link to that snapshot. Loading
-6 M keys through the pipe took most of a minute per run; reading the RDB takes seconds. The
-server's memory after an RDB load is laid out as after the pipe: RDB stores the keys in the
-order they were written and Redis loads them one by one into the same allocator size classes
-(values longer than 44 bytes stay raw strings), the only difference being the main hash table,
-sized once from the snapshot's key count instead of doubled as keys arrive."""
+6 M keys through the pipe took most of a minute per run; reading the snapshot takes seconds.
+The data set is laid out alike: Redis reads the snapshot key by key into the allocator size
+classes the pipe's SETs use (key, object and a raw value longer than 44 bytes, allocated
+together). It differs in the order (hash-table order, not the order of writing: random keys
+over the whole key space cannot tell) and in the main hash table, sized once from the
+snapshot's key count instead of doubled as keys arrive."""
 
 from __future__ import annotations
 
