@@ -21,7 +21,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,11 +192,13 @@ class Redis:
                 **{f"seed_{k}": v for k, v in memory.items()}}
 
     def start(self, datadir: Path, rundir: Path, thp_disable: bool, env: dict[str, str],
-              stack: contextlib.ExitStack) -> srv.Server:
-        return self._start(datadir, rundir, thp_disable, env, stack)
+              stack: contextlib.ExitStack,
+              on_spawn: Callable[[int], None] | None = None) -> srv.Server:
+        return self._start(datadir, rundir, thp_disable, env, stack, on_spawn)
 
     def _start(self, datadir: Path, rundir: Path, thp_disable: bool, env: dict[str, str],
-               stack: contextlib.ExitStack) -> srv.Server:
+               stack: contextlib.ExitStack,
+               on_spawn: Callable[[int], None] | None = None) -> srv.Server:
         self.port = self.p.port or srv.free_port()
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(datadir), "--dbfilename", RDB, "--save", "",
@@ -206,6 +208,8 @@ class Redis:
                 "--disable-thp", "no", "--maxmemory", "0", "--loglevel", "notice"]
         server = srv.start("redis-server", argv, env, rundir / "server.log", self.port,
                            thp_disable, stack)
+        if on_spawn is not None:
+            on_spawn(server.pid)
         # it answers PING with -LOADING until the snapshot is in memory
         server.wait_ready(self._ping, max(60.0, self.p.timeout_s))
         self.server_pid = server.pid
