@@ -1,12 +1,13 @@
 """The app experiment end to end on a tiny data set (the smoke variant of experiments/apps.toml):
-Redis with 50,000 keys and MariaDB with 2 tables of 5,000 rows, each under thp-never,
-everywhere and damon-hp attach, started, loaded, driven by redis-benchmark and sysbench, and
-stopped by the runner. It checks behaviour, never speed (the host is shared and has 2 cores):
-every run completes, the arms did what they say (THP off for thp-never's server; on for the
-others, MariaDB's own prctl made a no-op by libthp-allow.so; huge pages after everywhere's
-collapse), the report has the target rows, and nothing is left behind: no server or agent
-process, no data directory, no tracefs instance of our agents. Also: a fixed port in use is
-refused before anything starts. About a minute here; meant to stay under 3 at load 4-8."""
+Redis with 50,000 keys (loaded once into a seed snapshot every run starts from) and MariaDB with
+2 tables of 5,000 rows, each under thp-never, everywhere and damon-hp attach, started, loaded,
+driven by redis-benchmark and sysbench, and stopped by the runner. It checks behaviour, never
+speed (the host is shared and has 2 cores): every run completes, the arms did what they say (THP
+off for thp-never's server; on for the others, MariaDB's own prctl made a no-op by
+libthp-allow.so; huge pages after everywhere's collapse), the report has the target rows, and
+nothing is left behind: no server or agent process, no data directory, no tracefs instance of
+our agents. Also: a fixed port in use is refused before anything starts. About a minute here;
+meant to stay under 3 at load 4-8."""
 
 from __future__ import annotations
 
@@ -100,6 +101,15 @@ def test_tiny_redis_and_mariadb_run_every_arm_report_the_targets_and_leave_nothi
     assert every["phases"][0]["anon_huge_bytes"] > 0
     assert by[("redis", "thp-never")]["phases"][0]["anon_huge_bytes"] == 0
     assert "after_churn" in by[("redis", "damon-hp")]["app"]
+    # the keys were loaded once, into the seed snapshot every Redis run started from, and each
+    # run's server holds the seed server's data set (allocator bytes within 1 %)
+    seeded = [r["app"] for (w, _), r in by.items() if w == "redis" and "seed_s" in r["app"]]
+    assert len(seeded) == 1
+    for (workload, arm), r in by.items():
+        if workload == "redis":
+            assert r["app"]["rdb_bytes"] > 0
+            assert abs(r["app"]["loaded_used_memory"] / seeded[0]["seed_used_memory"] - 1) \
+                < 0.01, arm
     for workload in ("redis", "mariadb"):
         assert by[(workload, "damon-hp")]["app"]["agent_exit"] == 0
 

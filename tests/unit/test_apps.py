@@ -41,7 +41,7 @@ def test_bundled_app_experiments_parse_and_expand_interleaved():
     exp = spec.load(ROOT / "experiments" / "apps.toml")
     cells, skipped = spec.expand(exp)
     assert not skipped
-    assert len(cells) == 2 * 3 * 3
+    assert len(cells) == 2 * 3 * 5  # the issue: at least 5 interleaved repetitions
     assert [c.arm for c in cells[:3]] == ["thp-never", "everywhere", "damon-hp"]
     assert [c.arm for c in cells[6:9]] == ["everywhere", "damon-hp", "thp-never"]
     assert {c.workload.app for c in cells} == {"redis", "mariadb"}
@@ -112,6 +112,17 @@ def test_loaded_keys_are_named_as_redis_benchmark_names_them():
     assert redis.key(42) == b"key:000000000042"
     chunk = b"".join(redis.set_commands(range(2), b"vv"))
     assert chunk.startswith(b"*3\r\n$3\r\nSET\r\n$16\r\nkey:000000000000\r\n$2\r\nvv\r\n")
+
+
+def test_templated_commands_equal_commands_built_from_their_parts():
+    value = b"v%dv" * 3  # a '%' in the value must not be taken for the key's placeholder
+    ids = [*range(3), 41, 999_999_999_999]
+    assert b"".join(redis.set_commands(ids, value)) == b"".join(
+        redis._resp(b"SET", redis.key(i), value) for i in ids)
+    assert b"".join(redis.del_commands(ids)) == b"".join(
+        redis._resp(b"DEL", redis.key(i)) for i in ids)
+    batches = list(redis.set_commands(range(redis.LOAD_BATCH + 1), b"v"))
+    assert len(batches) == 2 and batches[1].count(b"SET") == 1
 
 
 def _run(arm: str, rep: int, cpu: float, tput: float, rss: int, churn_rss: int) -> RunResult:

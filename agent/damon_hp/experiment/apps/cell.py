@@ -7,8 +7,8 @@ Arms, all per process on the host:
 * everywhere: after the warm-up (and again after the churn's load), every 2 MiB range of every
   private anonymous mapping of the server collapsed with process_madvise(MADV_COLLAPSE): huge
   pages everywhere, the upper bound;
-* damon-hp: `damon-hp attach --json` to the server as soon as it answers (as one would run it
-  in production), stopped with SIGINT before the server.
+* damon-hp: `damon-hp attach --json` to the server as soon as its process runs (a Redis server
+  loading its snapshot already answers, with -LOADING), stopped with SIGINT before the server.
 
 Per measured test: the client's throughput and latency p50/p99/p99.9, the server's CPU time
 (utime+stime of all its threads from /proc/PID/stat) over the test per request, the hypervisor
@@ -49,7 +49,7 @@ def mechanism(arm: str) -> str:
     if arm == "everywhere":
         return ("process_madvise(MADV_COLLAPSE) of every 2 MiB range of every private anonymous "
                 "mapping of the server after its warm-up and after the churn's load (host)")
-    return (f"damon-hp attach to the server once it answers, source "
+    return (f"damon-hp attach to the server as soon as its process runs, source "
             f"{_source()}, the host's own THP mode {procfs.thp_mode()} (untouched)")
 
 
@@ -188,14 +188,23 @@ def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -
         result.app.update(app.prepare(datadir, ctx.app_data()))
         env = dict(os.environ)
         t0 = time.monotonic()
-        server = app.start(datadir, rundir, arm == "thp-never", env, stack)
+        agents: list[subprocess.Popen[bytes]] = []
+
+        def attach(pid: int) -> None:
+            # As soon as the server process runs, before it answers: a Redis server loading its
+            # snapshot answers -LOADING, and the writes of that load are where the access source
+            # first sees the data set (as it saw the keys arrive through the pipe before).
+            agents.append(_start_agent(pid, state, stack))
+
+        server = app.start(datadir, rundir, arm == "thp-never", env, stack,
+                           on_spawn=attach if arm == "damon-hp" else None)
         result.app["port"] = server.port
         if getattr(app, "socket_dir", None) is not None:
             result.app["socket_dir"] = str(app.socket_dir)
         result.app["ready_s"] = round(time.monotonic() - t0, 3)
         status = procfs.read_status(server.pid)
         result.app["thp_enabled"] = not status.thp_disabled
-        agent = _start_agent(server.pid, state, stack) if arm == "damon-hp" else None
+        agent = agents[0] if agents else None
         if agent is not None:
             result.app["agent_pid"] = agent.pid  # its tracefs instance is damon-hp-PID-*
         sampler = Sampler(server.pid, t0, agent_pid=agent.pid if agent else None,
@@ -242,8 +251,10 @@ def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -
         if agent is not None:
             with bg.lock:
                 sampler.sample(time.monotonic())  # the agent's CPU time, last read
+            t_stop = time.monotonic()
             code = _stop_agent(agent)
             result.app["agent_exit"] = code
+            result.app["agent_stop_s"] = round(time.monotonic() - t_stop, 3)
             arms.DamonHp().finish(state)
             for k, v in state.metrics.items():
                 setattr(result, k, v)
@@ -256,8 +267,10 @@ def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -
                 setattr(result, k, v)
         result.samples = sampler.samples
         result.wall_s = time.monotonic() - t0
+        t_stop = time.monotonic()
         server.stop()
         result.exit_code = server.proc.returncode
+        result.app["stop_s"] = round(time.monotonic() - t_stop, 3)  # where the run's time goes
 
 
 def _agent_collapses(state: arms.RunState, result: RunResult) -> None:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,7 +181,8 @@ class MariaDB:
         return out
 
     def _start(self, datadir: Path, rundir: Path, thp_disable: bool, env: dict[str, str],
-               stack: contextlib.ExitStack) -> srv.Server:
+               stack: contextlib.ExitStack,
+               on_spawn: Callable[[int], None] | None = None) -> srv.Server:
         port = self.p.port or srv.free_port()
         # A Unix socket's path must fit in 107 bytes, which a run directory under pytest's or a
         # user's deep tmp does not: the socket lives in a short private directory instead,
@@ -191,13 +193,16 @@ class MariaDB:
         server = srv.start("mariadbd", self._argv(datadir, self.socket, port), env,
                            rundir / "server.log", port, thp_disable, stack)
         server.log = datadir / "error.log"
+        if on_spawn is not None:
+            on_spawn(server.pid)
         server.wait_ready(self._ready, 300.0)
         self.socket_dir = sockdir
         return server
 
     def start(self, datadir: Path, rundir: Path, thp_disable: bool, env: dict[str, str],
-              stack: contextlib.ExitStack) -> srv.Server:
-        return self._start(datadir, rundir, thp_disable, self.env(env), stack)
+              stack: contextlib.ExitStack,
+              on_spawn: Callable[[int], None] | None = None) -> srv.Server:
+        return self._start(datadir, rundir, thp_disable, self.env(env), stack, on_spawn)
 
     def load(self, rundir: Path) -> dict[str, float]:
         t0 = time.monotonic()
