@@ -77,7 +77,7 @@ def open_source(request: sources.SourceRequest) -> Source:
     else the machine-wide physical stream: our paddr kdamond where DAMON is free (auto,
     paddr), else a foreign paddr kdamond's events (auto, passive), bound to no process."""
     found = sources.probe_for(request, "damon-hp daemon")
-    kind, why = sources.choose_kind(request, found, "asked for in the config")
+    kind, why, _ = sources.choose_kind(request, found, "asked for in the config")
     m = MonitorOptions()
     mon = sources.MonitorSettings(m.intervals, m.min_nr_regions, m.max_nr_regions, None)
     if kind == "vaddr":

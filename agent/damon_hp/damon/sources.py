@@ -344,12 +344,13 @@ def probe_for(request: SourceRequest, who: str = "damon-hp") -> DamonStatus:
     return found
 
 
-def choose_kind(request: SourceRequest, found: DamonStatus, asked: str) -> tuple[str, str]:
-    """The source kind to open and why: the one asked for, or (auto) vaddr, else paddr where
-    DAMON is free, else passive, the reason naming what refused the better ones."""
+def choose_kind(request: SourceRequest, found: DamonStatus,
+                asked: str) -> tuple[str, str, list[str]]:
+    """The source kind to open, why, and what refused the better ones: the one asked for, or
+    (auto) vaddr, else paddr where DAMON is free, else passive."""
     if request.kind != "auto":
-        return request.kind, asked
-    refusals = []
+        return request.kind, asked, []
+    refusals: list[str] = []
     for kind in ("vaddr", "paddr"):
         try:
             placement.plan_start(found, kind)
@@ -357,14 +358,14 @@ def choose_kind(request: SourceRequest, found: DamonStatus, asked: str) -> tuple
             refusals.append(f"{kind}: {str(e).removeprefix('damon-hp: ')}")
             continue
         return kind, "auto: " + ("the best source, DAMON is free" if kind == "vaddr" else
-                                 "no vaddr here (" + refusals[0] + ")")
-    return "passive", "auto: " + "; ".join(refusals)
+                                 "no vaddr here (" + refusals[0] + ")"), refusals
+    return "passive", "auto: " + "; ".join(refusals), refusals
 
 
 def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> AccessSource:
     """Open the requested source (auto: the first that works) or say why none can."""
     found = probe_for(request)
-    kind, why = choose_kind(request, found, f"asked for with --source {request.kind}")
+    kind, why, refusals = choose_kind(request, found, f"asked for with --source {request.kind}")
     if kind == "vaddr":
         return _open_vaddr(pid, mon, why)
     if kind == "paddr":
@@ -374,6 +375,6 @@ def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> Acces
     except EnvironmentProblem as e:
         if request.kind != "auto":
             raise
+        refusals.append(f"passive: {str(e).removeprefix('damon-hp: ')}")
         raise EnvironmentProblem("damon-hp: no DAMON access source works here:\n  "
-                                 + why.removeprefix("auto: ").replace("; ", "\n  ")
-                                 + f"\n  passive: {str(e).removeprefix('damon-hp: ')}") from None
+                                 + "\n  ".join(refusals)) from None
