@@ -1,11 +1,11 @@
 """One agent: one target, one access source, one policy state.
 
-Each snapshot goes once through: snapshot -> decide -> apply -> record -> report.
+Each snapshot goes once through: snapshot -> observe -> decide -> act -> report.
 
-    source.snapshot()        DAMON's view of the target (damon/sources.py)
-    policy.decide()          pure: what to promote and demote (policy.py)
-    actuator.apply()         the only change to the target's memory (actuate.py)
-    policy.record_outcomes() the policy learns what took
+    source.snapshot()        DAMON's view (damon/sources.py)
+    pipeline.observe()       the target's virtual picture, first touch marked (pipeline.py)
+    pipeline.decide()        pure policy: what to promote and demote (policy/)
+    pipeline.act()           the only change to the target's memory (actuate.py), learnt from
     report.record_applied()  totals, timeline and action log (report.py)
 
 The agent owns what it opens (the access source with its kdamond or tracefs instance, the
@@ -15,7 +15,6 @@ is the one place that calls start, loop and close, for `run`, `attach` and the d
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import resource
 import sys
@@ -23,13 +22,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from damon_hp import actuate, policy, procfs, report, status_records
-from damon_hp.damon import KdamondStopped, ownership
+from damon_hp import actuate, procfs, report, status_records
+from damon_hp.damon import KdamondStopped, ownership, revmap
 from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import IntervalsGoal, Recording, Snapshot
 from damon_hp.damon.sources import AccessSource, MonitorSettings, open_source
 from damon_hp.errors import DamonHpError
 from damon_hp.options import AUTOTUNE_MAX_SAMPLE_US, AUTOTUNE_MIN_SAMPLE_US, AgentOptions
+from damon_hp.pipeline import ProcessPipeline, params_for_source
 from damon_hp.ranges import AddrRange, overlap_bytes
 from damon_hp.signals import StopSignals
 
@@ -42,31 +42,6 @@ CPU_EVERY_S = 2.0
 # Why an agent stopped while its target lives on: the target turned THP off for itself
 # (prctl(PR_SET_THP_DISABLE)); the kernel refuses every collapse of its memory.
 THP_DISABLED = "THP disabled by the target"
-
-
-# A physical source's regions start coarse: until DAMON has split them, a region holding frames
-# of the hot buffer reads hot for the cold pages beside them. Measured here (passive, 5 s
-# aggregations, hotcold 1G/3G): with 2 snapshots over 2 s, 123 cold ranges (246 MiB) were
-# collapsed; with 3 over 12 s, 19 MiB (0.6 % of the cold bytes).
-REVERSE_MAPPED_MIN_SNAPSHOTS = 3
-REVERSE_MAPPED_MIN_AGGRS = 2.0
-# ... and the streak's access frequencies, relative to each snapshot's hottest candidate, must
-# add up to one snapshot's worth of it (policy.PolicyParams.promote_evidence_pct, with the
-# measurements): cold ranges beside busy frames flicker low, hot ones climb as DAMON splits.
-REVERSE_MAPPED_MIN_EVIDENCE_PCT = 100.0
-
-
-def streak_for_source(params: policy.PolicyParams, source: str,
-                      aggr_us: int) -> policy.PolicyParams:
-    """The promotion streak a source's evidence needs: longer for physical (reverse-mapped)."""
-    if source not in ("paddr", "passive"):
-        return params
-    return dataclasses.replace(
-        params,
-        promote_after_snapshots=max(params.promote_after_snapshots,
-                                    REVERSE_MAPPED_MIN_SNAPSHOTS),
-        promote_after_s=max(params.promote_after_s, REVERSE_MAPPED_MIN_AGGRS * aggr_us / 1e6),
-        promote_evidence_pct=max(params.promote_evidence_pct, REVERSE_MAPPED_MIN_EVIDENCE_PCT))
 
 
 def _cpu_self_s() -> float:
@@ -85,11 +60,10 @@ class Agent:
         self.report = rep
         self.stop = stop
         self.source: AccessSource | None = None
-        self.actuator: actuate.Actuator | None = None
+        self.pipeline: ProcessPipeline | None = None
         self.perf: Any = None  # perf.PerfSession while --perf counts
         self.hpstat: Any = None  # hpstat.HpStat while --trace counts
         self.params = opts.params
-        self.state = policy.PolicyState()
         self.recorded: list[Snapshot] = []
         self.started_at = time.monotonic()
         self.started_wall = time.time()
@@ -119,14 +93,14 @@ class Agent:
         info = self.source.info()
         self.report.source = info
         self.report.kdamond_pid = self.source.kdamond_pid
-        self.params = streak_for_source(self.params, self.source.name, info["aggr_us"])
-        if self.params != self.opts.params:
-            self.report.notes.append(
-                f"{self.source.name} source: promotion needs {self.params.promote_after_snapshots}"
-                f" hot snapshots over {self.params.promote_after_s:g} s whose access "
-                f"frequencies add up to {self.params.promote_evidence_pct:g} % (physical "
-                "regions mix frames of hot and cold pages, of every process)")
         owned = self.source.owned
+        self.params = params_for_source(self.params, physical=self.source.physical,
+                                        can_demote=owned is not None and not self.opts.dry_run)
+        if self.source.physical:
+            self.report.notes.append(
+                f"{self.source.name} source: promotion needs {self.params.promote_min_accesses:g}"
+                f" sampled accesses at {self.params.promote_rate_pct:g} % of DAMON's samples "
+                "(physical regions mix frames of hot and cold pages, of every process)")
         if owned is not None and owned.autotuned:
             self.report.notes.append("DAMON interval auto-tuning is on (intervals_goal)")
         damos_collapse = False
@@ -137,9 +111,10 @@ class Agent:
                 damos_collapse = False
         if damos_collapse:
             self.report.notes.append("promotions through the DAMOS collapse action")
-        self.actuator = actuate.Actuator(self.target, self.files, owned,
-                                         dry_run=self.opts.dry_run,
-                                         damos_collapse=damos_collapse)
+        actuator = actuate.Actuator(self.target, self.files, owned, dry_run=self.opts.dry_run,
+                                    damos_collapse=damos_collapse)
+        self.pipeline = ProcessPipeline(self.target, self.files, self.params, actuator,
+                                        physical=self.source.physical)
         if not self.opts.quiet:
             print(f"damon-hp: access source {report.describe_source(info)} ({info['reason']})",
                   file=sys.stderr, flush=True)
@@ -203,9 +178,9 @@ class Agent:
         try:
             if self.source is not None:
                 self._read_kdamond_cpu()
-                if self.actuator is not None:
-                    self.actuator.fold_scheme_stats()
-                    self.report.damos = self.actuator.damos_totals
+                if self.pipeline is not None:
+                    self.pipeline.actuator.fold_scheme_stats()
+                    self.report.damos = self.pipeline.actuator.damos_totals
                 self.source.close()
         finally:
             self.source = None
@@ -255,71 +230,59 @@ class Agent:
                 time.sleep(self.report.source.get("aggr_us", 1_000_000) / 1e6)
                 continue
             if snap is None:
-                self.report.populating_snapshots = getattr(self.source, "populating_snapshots", 0)
                 self._tick()
                 continue
-            self.report.monitored_share = getattr(self.source, "monitored_share", None)
-            frames = getattr(self.source, "frames", None)
-            if frames is not None:
-                self.report.pagemap_reads = {"ranges_read": frames.ranges_read,
-                                             "ranges_reused": frames.ranges_reused,
-                                             "windows_read": frames.windows_read}
             try:
                 self.step(snap)
-            except procfs.ProcessGone:
+            except (procfs.ProcessGone, revmap.ProcessGone):
                 return "target exit"
 
     def step(self, snap: Snapshot) -> None:
-        """Everything done with one snapshot: decide, apply, record, report."""
-        assert self.actuator is not None
+        """Everything done with one snapshot: observe, decide, act, record, report."""
+        assert self.pipeline is not None
         rep = self.report
-        if self.opts.record_path:
-            self.recorded.append(snap)
         rep.snapshots += 1
         if not snap.regions:
             rep.empty_snapshots += 1
-        maps = self.files.maps()
-        status = self.files.status()
+        obs = self.pipeline.observe(snap)
+        if self.opts.record_path:
+            # The policy's input, so a replay sees what it saw: virtual regions (reverse-mapped
+            # for physical sources) with the first-touch ranges marked.
+            self.recorded.append(obs.snapshot)
         now = time.monotonic()
         if now >= self._next_thp:
             self.thp_mode = procfs.thp_mode()
             self._next_thp = now + THP_MODE_EVERY_S
         rep.thp_mode = self.thp_mode
-        mappings = [m.range for m in maps if m.anonymous_private]
-        # The residency guard's input: resident pages of the ranges the policy may collapse
-        # (one PAGEMAP_SCAN per run of neighbours; none when nothing is ready).
-        # The loop looked before the snapshot; a prctl since then still stops every collapse.
-        thp_disabled = procfs.thp_disabled_by_process(status)
-        candidates = policy.collapse_candidates(snap, self.state, self.params, mappings=mappings,
-                                                thp_disabled=thp_disabled)
-        resident = self.files.resident_pages(candidates) if candidates else {}
-
-        decision, self.state = policy.decide(
-            snap, self.state, self.params,
-            rss_bytes=status.vm_rss, mappings=mappings, thp_mode=self.thp_mode,
-            resident_pages=resident, thp_disabled=thp_disabled,
-        )
-        applied = self.actuator.apply(decision, snap.taken_at_s)
-        self.state = policy.record_outcomes(self.state, applied.outcomes, self.params,
-                                            time.monotonic())
+        decision = self.pipeline.decide(obs, self.thp_mode)
+        applied = self.pipeline.act(decision, snap.taken_at_s)
+        rep.monitored_share = obs.monitored_share
+        rep.unsteady_readings = self.pipeline.unsteady_readings
+        frames = self.pipeline.frames
+        if frames is not None:
+            rep.pagemap_reads = {"ranges_read": frames.ranges_read,
+                                 "ranges_reused": frames.ranges_reused,
+                                 "windows_read": frames.windows_read}
+        status = obs.status
         entry = report.TimelineEntry(
             t_s=snap.taken_at_s - self.started_at,
             monotonic_s=snap.taken_at_s,
-            nr_regions=len(snap.regions),
+            nr_regions=len(obs.snapshot.regions),
             hot_bytes=decision.hot_bytes,
             hot_huge_bytes=None,
             huge_bytes=None,
             rss_bytes=status.vm_rss,
-            promoted_bytes=self.state.promoted_bytes,
+            promoted_bytes=self.pipeline.state.promoted_bytes,
             demoted=len(decision.demote),
             held_by_budget=decision.held_by_budget,
             held_by_rate=decision.held_by_rate,
             held_by_residency=decision.held_by_residency,
             planned=len(decision.promote),
         )
-        entry.monitored_share = rep.monitored_share
+        entry.monitored_share = obs.monitored_share
+        entry.unsteady = decision.unsteady
         rep.record_applied(applied, time.monotonic() - self.started_at, entry)
-        self._measure(entry, decision.hot_regions, mappings)
+        self._measure(entry, decision.hot_regions, obs.mappings)
         rep.hot_bytes = entry.hot_bytes
         rep.hot_huge_bytes = entry.hot_huge_bytes
         rep.observe_memory(entry.huge_bytes, status.vm_rss, status.vm_pte)
@@ -386,7 +349,8 @@ class Agent:
                 "promotions": r.collapse.ok,
                 "collapses_tried": r.collapse.tried,
                 "collapse_errors": dict(r.collapse.errors),
-                "promoted_bytes": self.state.promoted_bytes,
+                "promoted_bytes": (self.pipeline.state.promoted_bytes
+                                   if self.pipeline is not None else 0),
                 "collapsed_bytes": r.collapse.bytes,
                 "demotions": r.demotions,
                 "anon_huge_bytes": r.final_huge_bytes,

@@ -171,25 +171,29 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      "an access with sampling between 5 and 100 ms)")
     pol = parser.add_argument_group(
         "policy", "A region is hot at --hot-pct access frequency and --min-age-s age; its "
-        "fully covered 2 MiB ranges are collapsed after --promote-after hot snapshots over "
-        "--promote-after-s seconds, and marked MADV_NOHUGEPAGE after --demote-after cold "
-        "seconds.")
+        "fully covered 2 MiB ranges are collapsed once DAMON has sampled --promote-accesses "
+        "accesses of them at --promote-pct of its samples over a streak of hot readings (a "
+        "range being faulted in counts no reading), and marked MADV_NOHUGEPAGE after "
+        "--demote-after cold seconds.")
     pol.add_argument("--hot-pct", type=float, default=d.hot_access_pct, metavar="PCT",
                      help=f"access frequency that makes a region hot (default {d.hot_access_pct})")
     pol.add_argument("--min-age-s", type=_non_negative_float, default=d.min_hot_age_s,
                      metavar="S", help="age a hot region must have (default 0: hysteresis "
                      "filters noise instead)")
+    pol.add_argument("--promote-accesses", type=_non_negative_float,
+                     default=d.promote_min_accesses, metavar="N",
+                     help="sampled accesses DAMON must have seen of a range over its streak "
+                     f"(default {d.promote_min_accesses:g}; physical sources use at least "
+                     "6: their regions mix frames of hot and cold pages)")
+    pol.add_argument("--promote-pct", type=float, default=None, metavar="PCT",
+                     help="... at this share of the samples DAMON took (default: --hot-pct; "
+                     "physical sources use at least 30)")
     pol.add_argument("--promote-after", type=_positive_int, default=d.promote_after_snapshots,
-                     metavar="N", help="hot snapshots (one miss in a row tolerated) before a "
-                     f"range is collapsed (default {d.promote_after_snapshots})")
+                     metavar="N", help="... over at least N hot readings (one miss in a row "
+                     f"tolerated; default {d.promote_after_snapshots})")
     pol.add_argument("--promote-after-s", type=_non_negative_float, default=d.promote_after_s,
                      metavar="S", help="... spanning at least this many seconds (default "
-                     f"{d.promote_after_s:g}: a sequential pass through memory is not hot memory)")
-    pol.add_argument("--promote-evidence", type=_non_negative_float,
-                     default=d.promote_evidence_pct, metavar="PCT",
-                     help="... whose access frequencies (%% of the maximum) add up to at least "
-                     f"PCT (default {d.promote_evidence_pct:g}; physical sources use at least "
-                     "100: their regions mix frames of hot and cold pages)")
+                     f"{d.promote_after_s:g})")
     pol.add_argument("--demote-after", type=_non_negative_float, default=d.demote_after_s,
                      metavar="S", help="seconds a promoted range must stay cold before it is "
                      f"marked MADV_NOHUGEPAGE (default {d.demote_after_s:g})")
@@ -242,7 +246,8 @@ def options_from_args(args: argparse.Namespace) -> AgentOptions:
             hot_access_pct=args.hot_pct,
             min_hot_age_s=args.min_age_s,
             promote_after_snapshots=args.promote_after,
-            promote_evidence_pct=args.promote_evidence,
+            promote_min_accesses=args.promote_accesses,
+            promote_access_pct=args.promote_pct,
             promote_after_s=args.promote_after_s,
             demote_after_s=args.demote_after,
             demote_blind_after_s=args.demote_blind_after,

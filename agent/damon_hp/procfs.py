@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from damon_hp.errors import DamonHpError
-from damon_hp.ranges import AddrRange, intersect, merge_adjacent
+from damon_hp.ranges import AddrRange, huge_starts, intersect, merge_adjacent
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -529,6 +529,11 @@ class ProcessFiles:
     def resident_pages(self, starts: Iterable[int]) -> dict[int, int]:
         """Resident base pages of each 2 MiB range starting at `starts` (0..512 each)."""
         return _resident_pages(self._fd("pagemap"), f"/proc/{self.pid}/pagemap", starts)
+
+    def resident_by_window(self, ranges: Iterable[AddrRange]) -> dict[int, int]:
+        """Resident base pages of every 2 MiB range that lies wholly inside one of `ranges`."""
+        starts = [s for rng in ranges for s in huge_starts(rng)]
+        return self.resident_pages(starts) if starts else {}
 
     def huge_regions_in(self, ranges: Iterable[AddrRange]) -> list[AddrRange]:
         """The parts of `ranges` mapped by PMD huge pages."""

@@ -74,6 +74,7 @@ class TimelineEntry:
     held_by_residency: int = 0  # ready ranges too sparse to collapse (policy rule 4)
     schemes_changed: bool = False
     monitored_share: float | None = None  # physical sources: see RunReport.monitored_share
+    unsteady: int = 0  # hot ranges whose reading was withheld: they gained resident pages
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -113,8 +114,9 @@ class RunReport:
     """the access source: name, why it was chosen, its kdamond, intervals, reader, limits"""
     snapshots: int = 0
     empty_snapshots: int = 0
-    populating_snapshots: int = 0
-    """physical sources: aggregations withheld while the target faulted memory in"""
+    unsteady_readings: int = 0
+    """hot 2 MiB range readings not used: the range gained resident pages in that aggregation
+    (a page being faulted in reads as accessed)"""
     pagemap_reads: dict[str, int] | None = None
     """physical sources: ranges whose pagemap entries were read, reused (no frame moved), and
     2 MiB windows re-read inside otherwise unchanged ranges (revmap.FrameReader)"""
@@ -214,7 +216,7 @@ class RunReport:
             "source": self.source,
             "snapshots": self.snapshots,
             "empty_snapshots": self.empty_snapshots,
-            "populating_snapshots": self.populating_snapshots,
+            "unsteady_readings": self.unsteady_readings,
             "pagemap_reads": self.pagemap_reads,
             "snapshot_errors": self.snapshot_errors,
             "scheme_errors": self.scheme_errors,
@@ -279,8 +281,8 @@ def format_table(r: RunReport) -> str:
     stopped = r.stopped_by + (f" (exit code {r.exit_code})" if r.exit_code is not None else "")
     snaps = f"{r.snapshots}" + (f", {r.empty_snapshots} empty" if r.empty_snapshots else "") + (
         f", {r.snapshot_errors} failed reads" if r.snapshot_errors else "") + (
-        f", {r.populating_snapshots} more withheld while the target faulted memory in"
-        if r.populating_snapshots else "")
+        f"; {r.unsteady_readings} readings of hot 2 MiB ranges withheld while they were "
+        "faulted in" if r.unsteady_readings else "")
     c = r.collapse
     rows = [
         ("target", target),

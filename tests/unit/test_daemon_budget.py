@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from damon_hp.daemon.budget import Candidate, admit, benefit
-from damon_hp.damon.model import Region, Snapshot
+from damon_hp.daemon.budget import Candidate, admit
 
 MIB = 1 << 20
 HP = 2 * MIB
@@ -46,14 +45,3 @@ def test_no_budget_admits_everything() -> None:
 def test_equal_benefit_is_admitted_in_a_stable_order() -> None:
     pool = cands(2, "a", 2, 1.0) + cands(1, "a", 2, 1.0)
     assert admit(pool, {}, {}, 2 * HP, {}).admitted == {1: (0, HP)}
-
-
-def test_benefit_is_access_frequency_times_hot_span_size() -> None:
-    snap = Snapshot(taken_at_s=1.0, pid=1, sample_us=1000, aggr_us=20000, regions=(
-        Region(0, 8 * HP, 20, 3),  # 100 % of max (20 samples per aggregation)
-        Region(20 * HP, 22 * HP, 10, 3),  # 50 %
-    ))
-    b = benefit(snap, hot_ranges=[*(i * HP for i in range(8)), 20 * HP], starts=[0, 20 * HP])
-    assert b[0] == 100.0 * 8 * HP
-    assert b[20 * HP] == 50.0 * HP
-    assert b[0] > b[20 * HP]

@@ -219,7 +219,8 @@ def test_rss_share_budget_follows_the_rss_given() -> None:
 def test_a_range_is_promoted_only_after_k_consecutive_hot_snapshots(
     hotcold: Recording, k: int
 ) -> None:
-    strict = PolicyParams(promote_after_snapshots=k, promote_after_s=0.0, promote_grace=0)
+    strict = PolicyParams(promote_after_snapshots=k, promote_after_s=0.0, promote_grace=0,
+                          seed_streak_from_age=False)
     r = replay(hotcold.snapshots, strict)
     measured: list[Decision] = []  # decisions on non-empty snapshots, in order
     promoted = 0

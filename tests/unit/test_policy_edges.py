@@ -11,6 +11,7 @@ from damon_hp.damon.model import Region, Snapshot
 from damon_hp.policy import (
     PolicyParams,
     PolicyState,
+    RangeState,
     collapse_candidates,
     decide,
     record_outcomes,
@@ -76,7 +77,7 @@ def test_hot_region_outside_every_mapping_yields_nothing() -> None:
 
 
 def test_empty_snapshot_changes_no_state() -> None:
-    p = PolicyParams(promote_after_snapshots=3, promote_after_s=0.0)
+    p = PolicyParams(promote_after_snapshots=3, promote_after_s=0.0, seed_streak_from_age=False)
     _, st = decide(snap(0.0, (0, 2 * H, 20)), PolicyState(), p)
     d, st2 = decide(snap(0.1), st, p)
     assert st2 == st and d.promote == () and d.demote == ()
@@ -85,7 +86,7 @@ def test_empty_snapshot_changes_no_state() -> None:
 
 
 def test_promotion_needs_a_streak_lasting_promote_after_s() -> None:
-    p = PolicyParams(promote_after_snapshots=2, promote_after_s=2.0)
+    p = PolicyParams(promote_after_snapshots=2, promote_after_s=2.0, seed_streak_from_age=False)
     st = PolicyState()
     for t in (0.0, 0.5, 1.0, 1.5):
         d, st = decide(snap(t, (0, H, 20)), st, p)
@@ -95,7 +96,8 @@ def test_promotion_needs_a_streak_lasting_promote_after_s() -> None:
 
 
 def test_one_cold_snapshot_does_not_break_a_streak_but_two_do() -> None:
-    p = PolicyParams(promote_after_snapshots=2, promote_after_s=1.0, promote_grace=1)
+    p = PolicyParams(promote_after_snapshots=2, promote_after_s=1.0, promote_grace=1,
+                     seed_streak_from_age=False)
     hot, cold = (0, H, 20), (0, H, 0)
     st = PolicyState()
     for t, region in ((0.0, hot), (0.4, cold), (0.8, hot)):
@@ -224,7 +226,7 @@ def test_process_that_disabled_thp_gets_no_collapse_and_keeps_its_streaks() -> N
 
 
 def test_demoted_range_of_a_process_that_disabled_thp_is_not_remarked() -> None:
-    state = PolicyState(demoted=frozenset({BASE}))
+    state = PolicyState({BASE: RangeState(demoted=True)})
     d, after = decide(snap(0.0, (0, H, 20)), state, PARAMS, thp_disabled=True)
     assert BASE in after.demoted and not after.remarked
     assert d.hugepage_marks == ()

@@ -2,8 +2,8 @@
 
 Each process's policy (`policy.decide`, run without a budget of its own) names the ranges it
 would collapse now. `admit` pools those candidates of all processes and admits them best first
-by the policy's own measure of expected TLB benefit -- the range's access frequency times the
-size of the hot span it belongs to (`benefit`) -- while the machine-wide budget and the
+by the policy's own ranking score (`Decision.benefit`: expected TLB benefit per byte the
+collapse occupies, policy/rule.py `ranking_score`) -- while the machine-wide budget and the
 per-rule budgets allow. So ranges compete by benefit across processes, not first come first
 served. What is held already counts against the budgets: a huge page is never taken back to
 make room (with a physical source there is no DAMOS mark that could keep it small).
@@ -11,10 +11,9 @@ make room (with a physical source there is no DAMOS mark that could keep it smal
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from damon_hp.policy import SnapshotLike, access_pct
 from damon_hp.ranges import HUGE_PAGE_BYTES
 
 
@@ -36,37 +35,6 @@ class Admission:
     """pid -> candidates not admitted because of the machine-wide budget"""
     held_by_rule: Mapping[int, int] = field(default_factory=dict)
     """pid -> candidates not admitted because of their rule's budget"""
-
-
-def benefit(snapshot: SnapshotLike, hot_ranges: Sequence[int],
-            starts: Iterable[int]) -> dict[int, float]:
-    """Expected benefit of each range in `starts`, as the policy ranks them: mean access
-    frequency over the 2 MiB range (% of the snapshot's maximum, byte-weighted) times the bytes
-    of the run of adjacent hot ranges it belongs to."""
-    hot = sorted(set(hot_ranges))
-    span_of: dict[int, int] = {}
-    run: list[int] = []
-    for s in [*hot, None]:
-        if s is None or (run and s != run[-1] + HUGE_PAGE_BYTES):
-            for r in run:
-                span_of[r] = len(run) * HUGE_PAGE_BYTES
-            run = []
-        if s is not None:
-            run.append(s)
-    regions = sorted(snapshot.regions, key=lambda r: r.start)
-    max_acc = snapshot.max_nr_accesses
-    out = {}
-    for start in starts:
-        end = start + HUGE_PAGE_BYTES
-        weighted = 0.0
-        for r in regions:
-            if r.start >= end:
-                break
-            overlap = min(r.end, end) - max(r.start, start)
-            if overlap > 0:
-                weighted += access_pct(r.nr_accesses, max_acc) * overlap
-        out[start] = weighted / HUGE_PAGE_BYTES * span_of.get(start, HUGE_PAGE_BYTES)
-    return out
 
 
 def admit(candidates: Iterable[Candidate], held_bytes: Mapping[int, int],

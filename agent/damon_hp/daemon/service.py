@@ -9,9 +9,12 @@ The stream (config `source`; auto picks the first that works here):
 
 Each round:
 
-    for each managed process:  (reverse map ->) policy.decide (no budget of its own)
+    for each managed process:  pipeline.observe -> pipeline.decide (no budget of its own)
     budget.admit               candidates of all processes, best first, under the budgets
-    for each managed process:  actuator.apply(admitted) -> policy.record_outcomes
+    for each managed process:  pipeline.act(admitted)
+
+The per-process pipeline (pipeline.py) is the one `run` and `attach` use: the reverse map with
+its frame cache, first-touch withholding, the policy, the actuator.
 
 Between rounds: /proc is rescanned every `scan_every_s` (new matches are managed, exited
 processes let go, and the vaddr kdamond's targets follow), SIGHUP reloads the config (a bad
@@ -39,7 +42,6 @@ import time
 from typing import Any
 
 from damon_hp import actuate, policy, procfs, report, status_records
-from damon_hp.agent import streak_for_source
 from damon_hp.daemon import budget as budget_mod
 from damon_hp.daemon import selection
 from damon_hp.daemon.config import DaemonConfig, load_config
@@ -49,12 +51,23 @@ from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import Snapshot
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.options import MonitorOptions
+from damon_hp.pipeline import ProcessPipeline, params_for_source
+from damon_hp.ranges import AddrRange
 
 STATUS_EVERY_S = 2.0
 READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are seen this soon
 MAX_ROUNDS_KEPT = 200
 THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
                        "in /proc/PID/status): the kernel refuses every collapse of its memory")
+
+
+def _huge_bytes(m: Managed) -> int | None:
+    """Bytes of the process's private anonymous memory on PMD huge pages: one PAGEMAP_SCAN
+    (smaps_rollup's AnonHugePages walks every page with its rmap counts, ~30 ms per 4 GiB)."""
+    try:
+        return sum(r.size for r in m.files.huge_regions_in(m.mappings))
+    except procfs.PagemapScanUnsupported:
+        return m.files.rollup().get("AnonHugePages")
 
 
 def log(text: str) -> None:
@@ -84,23 +97,24 @@ def open_source(request: sources.SourceRequest) -> Source:
         placement.plan_start(found, "vaddr")  # refused now, not at the first process
         return MultiTargetSource(mon, why, log)
     if kind == "paddr":
-        return sources._open_paddr(0, mon, why)
-    return sources._open_passive(0, request, found, why)
+        return sources.open_paddr(mon, why)
+    return sources.open_passive(request, found, why)
 
 
 class Managed:
     """One managed process: pinned by a pidfd, with its own policy state and actuator."""
 
     def __init__(self, info: selection.ProcessInfo, rule: str, params: policy.PolicyParams,
-                 target: actuate.Target) -> None:
+                 target: actuate.Target, physical: bool) -> None:
         self.info = info
         self.pid = info.pid
         self.rule = rule
-        self.params = params
         self.target = target
         self.files = procfs.ProcessFiles(info.pid)
-        self.actuator = actuate.Actuator(target, self.files, None)
-        self.state = policy.PolicyState()
+        self.pipeline = ProcessPipeline(target, self.files, params,
+                                        actuate.Actuator(target, self.files, None),
+                                        physical=physical)
+        self.mappings: list[AddrRange] = []
         self.since = time.time()
         self.snapshots = 0
         self.collapses = 0
@@ -111,10 +125,12 @@ class Managed:
         self.hot_bytes = 0
         self.huge_bytes: int | None = None
         self.pending: tuple[Snapshot, policy.Decision] | None = None
-        self.resident: int | None = None  # bytes, at the last aggregation
-        self.populating_snapshots = 0
         self.skipped: str | None = None
         """why this process gets no collapse (it disabled THP for itself), None while managed"""
+
+    @property
+    def state(self) -> policy.PolicyState:
+        return self.pipeline.state
 
     @property
     def held_bytes(self) -> int:
@@ -190,8 +206,9 @@ class Service:
         status_records.remove_stale_statuses()
         self.source = open_source(self.config.source)
         info = self.source.info()
-        self.params = streak_for_source(policy.PolicyParams(), self.source.name,
-                                        info["aggr_us"])
+        # No DAMOS marks in the daemon (promotion by MADV_COLLAPSE alone): nothing can demote.
+        self.params = params_for_source(policy.PolicyParams(), physical=self.source.physical,
+                                        can_demote=False)
         log(f"access source {report.describe_source(info)} ({info['reason']})")
         log(f"config {self.config.path}: {len(self.config.include)} rules, "
             f"{len(self.config.exclude)} exclude rules, budget "
@@ -307,7 +324,12 @@ class Service:
             target = actuate.Target.open(info.pid)
         except EnvironmentProblem:
             return  # gone meanwhile
-        m = Managed(info, rule, self.params, target)
+        assert self.source is not None
+        try:
+            m = Managed(info, rule, self.params, target, self.source.physical)
+        except procfs.ProcessGone:
+            target.close()
+            return
         try:
             # Huge pages it has already (a daemon killed before us, an agent that let go)
             # count against the budget from the first round, before any of ours is admitted.
@@ -373,21 +395,17 @@ class Service:
         thp = procfs.thp_mode()
         candidates: list[budget_mod.Candidate] = []
         for pid, m in list(self.managed.items()):
+            snap = phys if virt is None else virt.get(pid)
+            if snap is None:
+                continue
             try:
-                if virt is not None:
-                    snap = virt.get(pid)
-                    decided = None if snap is None else self._decide_on(m, snap, thp)
-                else:
-                    assert phys is not None
-                    decided = self._decide(m, phys, thp)
+                decision = self._decide(m, snap, thp)
             except (procfs.ProcessGone, revmap.ProcessGone):
                 self._release(pid, "exited")
                 continue
-            if decided is None:
-                continue
-            decision, benefits = decided
-            candidates += [budget_mod.Candidate(pid, m.rule, s, benefits[s])
-                           for s in decision.promote]
+            if decision is not None:
+                candidates += [budget_mod.Candidate(pid, m.rule, s, decision.benefit[s])
+                               for s in decision.promote]
         held = {pid: m.held_bytes for pid, m in self.managed.items()}
         held_before = sum(held.values())
         adm = budget_mod.admit(
@@ -407,10 +425,8 @@ class Service:
                 decision, promote=promote,
                 held_by_budget=decision.held_by_budget + by_budget + by_rule)
             try:
-                applied = m.actuator.apply(decision, snap.taken_at_s)
-                m.state = policy.record_outcomes(m.state, applied.outcomes, m.params,
-                                                 time.monotonic())
-                m.huge_bytes = m.files.rollup().get("AnonHugePages")
+                applied = m.pipeline.act(decision, snap.taken_at_s)
+                m.huge_bytes = _huge_bytes(m)
             except procfs.ProcessGone:
                 self._release(pid, "exited")
                 continue
@@ -439,46 +455,19 @@ class Service:
             del self.rounds[:-MAX_ROUNDS_KEPT]
             self.write_json()
 
-    def _decide(self, m: Managed, phys: Snapshot,
-                thp: str) -> tuple[policy.Decision, dict[int, float]] | None:
-        """The process's decision on this aggregation, or None while it faults memory in
-        (sources.populating: its picture is blurred) or is skipped (THP disabled for itself)."""
-        status = m.files.status()
-        if self._skip_if_thp_disabled(m, status):
+    def _decide(self, m: Managed, snap: Snapshot, thp: str) -> policy.Decision | None:
+        """The process's decision on this aggregation (physical, or its own virtual one); None
+        while it is skipped (THP disabled for itself). Its pipeline observes every aggregation,
+        skipped or not, so first touch is judged against the latest look."""
+        obs = m.pipeline.observe(snap)
+        m.mappings = obs.mappings
+        if self._skip_if_thp_disabled(m, obs.status):
             return None
-        maps = procfs.read_maps(m.pid)
-        anon = [x for x in maps if x.anonymous_private]
-        frames = revmap.read_page_frames(m.pid, [(x.start, x.end) for x in anon])
-        before, m.resident = m.resident, frames.resident_pages * revmap.PAGE_BYTES
-        if sources.populating(before, m.resident):
-            m.populating_snapshots += 1
-            return None
-        snap = revmap.reverse_map(phys, frames).snapshot
-        return self._decide_on(m, snap, thp, (status, maps))
-
-    def _decide_on(self, m: Managed, snap: Snapshot, thp: str,
-                   read: tuple[procfs.Status, list[procfs.Mapping]] | None = None,
-                   ) -> tuple[policy.Decision, dict[int, float]] | None:
-        """The policy's decision on the process's virtual snapshot; None while it is skipped
-        (THP disabled for itself). `read`: its status and maps if the caller already read
-        them for this snapshot (and checked THP is allowed)."""
-        if read is None:
-            status = m.files.status()
-            if self._skip_if_thp_disabled(m, status):
-                return None
-            maps = procfs.read_maps(m.pid)
-        else:
-            status, maps = read
-        mappings = [x.range for x in maps if x.anonymous_private]
-        cands = policy.collapse_candidates(snap, m.state, m.params, mappings=mappings)
-        resident = m.files.resident_pages(cands) if cands else {}
-        decision, m.state = policy.decide(snap, m.state, m.params, rss_bytes=status.vm_rss,
-                                          mappings=mappings, thp_mode=thp,
-                                          resident_pages=resident)
+        decision = m.pipeline.decide(obs, thp)
         m.snapshots += 1
         m.hot_bytes = decision.hot_bytes
         m.pending = (snap, decision)
-        return decision, budget_mod.benefit(snap, decision.hot_ranges, decision.promote)
+        return decision
 
     def _skip_if_thp_disabled(self, m: Managed, status: procfs.Status) -> bool:
         """Skip a process that turned THP off for itself; say so once, and once when it ends."""

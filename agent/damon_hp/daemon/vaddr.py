@@ -36,6 +36,7 @@ LIMITS = [
 
 class MultiTargetSource:
     name = "vaddr"
+    physical = False  # virtual snapshots, one per target
 
     def __init__(self, mon: MonitorSettings, reason: str, log: Any) -> None:
         self.mon = mon

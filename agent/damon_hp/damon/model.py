@@ -60,6 +60,10 @@ class Snapshot:
     sample_us: int
     aggr_us: int
     regions: tuple[Region, ...]
+    unsteady: frozenset[int] = frozenset()
+    """2 MiB range starts (virtual) whose resident pages grew during this aggregation: a page
+    being faulted in reads as accessed, so their readings carry no evidence (filled by the
+    per-process pipeline, pipeline.py; empty in DAMON's own snapshots)"""
 
     @property
     def max_nr_accesses(self) -> int:
@@ -89,6 +93,7 @@ class Snapshot:
             "sample_us": self.sample_us,
             "aggr_us": self.aggr_us,
             "regions": [r.to_dict() for r in self.regions],
+            **({"unsteady": sorted(self.unsteady)} if self.unsteady else {}),
         }
 
     @classmethod
@@ -99,6 +104,7 @@ class Snapshot:
             sample_us=int(d["sample_us"]),
             aggr_us=int(d["aggr_us"]),
             regions=tuple(Region.from_dict(r) for r in d["regions"]),
+            unsteady=frozenset(int(s) for s in d.get("unsteady", ())),
         )
 
 

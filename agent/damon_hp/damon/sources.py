@@ -8,9 +8,11 @@
   DAMON_RECLAIM, DAMON_LRU_SORT), read through its `damon_aggregated` events only. Nothing is
   ever written under /sys/kernel/mm/damon; its intervals and schemes stay its owner's.
 
-Every source hands the policy a `Snapshot` of the target's *virtual* address space, so the
-policy does not know which source it has. `open_source(request, pid, monitor)` picks one
-(`auto`: vaddr, then paddr, then passive) and says why in `AccessSource.info()`.
+A vaddr source's snapshots are of the target's virtual address space; a physical source's
+(`physical`) are reverse-mapped onto the target by the per-process pipeline (pipeline.py), so
+the policy always sees virtual snapshots and does not know which source it has.
+`open_source(request, pid, monitor)` picks one (`auto`: vaddr, then paddr, then passive) and
+says why in `AccessSource.info()`.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .. import procfs
 from ..errors import DamonHpError, EnvironmentProblem
-from . import events, kdamond, placement, revmap
+from . import events, kdamond, placement
 from .kdamond import KdamondStopped, OwnedKdamond
 from .model import Intervals, IntervalsGoal, Snapshot
 from .status import (
@@ -79,13 +80,16 @@ class MonitorSettings:
 class AccessSource(Protocol):
     name: str
     """vaddr | paddr | passive"""
+    physical: bool
+    """its snapshots are of physical memory (paddr, passive): the pipeline reverse-maps them"""
     kdamond_pid: int | None
     owned: OwnedKdamond | None
     """our kdamond, when the source can carry DAMOS schemes for the target (vaddr)"""
 
     def snapshot(self) -> Snapshot | None:
-        """The next whole aggregation in the target's virtual addresses; None when none came
-        within about one aggregation interval. Raises KdamondStopped once the kdamond is gone."""
+        """The next whole aggregation (the target's virtual addresses, or physical ones where
+        `physical`); None when none came within about one aggregation interval. Raises
+        KdamondStopped once the kdamond is gone."""
         ...
 
     def info(self) -> dict[str, Any]:
@@ -116,6 +120,8 @@ class _Base:
 class VaddrSource(_Base):
     """Our kdamond on the target: snapshots from its event stream, or tried_regions."""
 
+    physical = False
+
     def __init__(self, kd: OwnedKdamond, reason: str, stream: events.AggregatedEventStream | None,
                  stream_error: str | None) -> None:
         reader = "event stream" if stream is not None else "tried_regions"
@@ -144,64 +150,31 @@ class VaddrSource(_Base):
             self.kd.stop()
 
 
-# A process faulting memory in makes every frame it touches read as accessed, and a physical
-# region holds frames of many virtual ranges: ranges written a few aggregations ago still read
-# hot beside the ones being written now. In the VM (paddr, 400 ms aggregations) a 256 MiB cold
-# buffer written at start-up was half collapsed that way. While the target's resident memory
-# grows by more than this per aggregation, its snapshots carry no evidence.
-POPULATING_MIN_BYTES = 8 << 20
-POPULATING_SHARE = 0.02
-
-
-def populating(resident_before: int | None, resident_now: int) -> bool:
-    """Did the target fault in enough memory since the last snapshot (bytes) to blur it?"""
-    if resident_before is None:
-        return resident_now > POPULATING_MIN_BYTES  # its whole start-up lies in this one
-    grown = resident_now - resident_before
-    return grown > max(POPULATING_MIN_BYTES, POPULATING_SHARE * resident_before)
-
-
 class ReverseMappedSource(_Base):
-    """A paddr kdamond's events (ours or not), reverse-mapped onto the target."""
+    """A paddr kdamond's events (ours or not): physical snapshots, which the per-process
+    pipeline maps back onto its target through the target's pagemap (pipeline.py)."""
+
+    physical = True
 
     def __init__(self, name: str, reason: str, label: str, kdamond_pid: int,
                  sample_us: int, aggr_us: int, stream: events.AggregatedEventStream,
-                 target_pid: int, limits: list[str], alive: Callable[[], bool],
+                 limits: list[str], alive: Callable[[], bool],
                  owned_kd: OwnedKdamond | None = None) -> None:
         super().__init__(name, reason, label, kdamond_pid, sample_us, aggr_us,
                          "event stream + pagemap reverse map", limits)
         self.stream = stream
-        self.target_pid = target_pid
         self._alive = alive
         self._owned_kd = owned_kd
-        self._resident: int | None = None
-        self.frames = revmap.FrameReader(target_pid)
-        self.monitored_share: float | None = None  # of resident pages, at the last snapshot
-        self.populating_snapshots = 0  # withheld: the target was faulting memory in
 
     def snapshot(self) -> Snapshot | None:
         # The newest aggregation only: a reverse map of a 4 GiB target cost 0.1-0.5 s of CPU
-        # on the host before FrameReader (revmap.py), seconds for 1.3 GiB in the test VM, and
-        # one per queued stale snapshot left the agent ever further behind (VM, paddr, 400 ms
-        # aggregations: after a 20 s collapse step, 30 queued snapshots took the next 29 s).
+        # on the host before revmap.FrameReader, and one per queued stale snapshot left the
+        # agent ever further behind (VM, paddr, 400 ms aggregations: after a 20 s collapse
+        # step, 30 queued snapshots took the next 29 s).
         phys = self.stream.latest_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
-        if phys is None:
-            if not self._alive():
-                raise KdamondStopped(f"damon-hp: {self.kdamond_label} stopped")
-            return None
-        try:
-            maps = procfs.read_maps(self.target_pid)
-            frames = self.frames.read([(m.start, m.end) for m in maps if m.anonymous_private])
-        except (procfs.ProcessGone, revmap.ProcessGone):
-            return None  # the agent's loop notices the exit through its pidfd
-        before, self._resident = self._resident, frames.resident_pages * revmap.PAGE_BYTES
-        if populating(before, self._resident):
-            self.populating_snapshots += 1
-            return None
-        mapped = revmap.reverse_map(phys, frames)
-        if mapped.resident_pages:
-            self.monitored_share = mapped.monitored_pages / mapped.resident_pages
-        return mapped.snapshot
+        if phys is None and not self._alive():
+            raise KdamondStopped(f"damon-hp: {self.kdamond_label} stopped")
+        return phys
 
     def close(self) -> None:
         try:
@@ -230,18 +203,18 @@ def passive_limits(schemes: str) -> list[str]:
         f"its own schemes ({schemes}) keep running; damon-hp never changes them",
         "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is "
         f"by collapse alone; {NO_DEMOTION}",
-        POPULATING_LIMIT,
+        FIRST_TOUCH_LIMIT,
     ]
 
 
-POPULATING_LIMIT = ("aggregations in which the target grew by more than 2 % (8 MiB at least) "
-                    "are not used: frames being faulted in read as accessed")
+FIRST_TOUCH_LIMIT = ("a 2 MiB range's reading is not used in an aggregation in which it gained "
+                     "resident pages: pages being faulted in read as accessed")
 
 PADDR_LIMITS = [
     "no DAMOS hugepage/nohugepage marks (they need a vaddr kdamond of ours): promotion is by "
     f"collapse alone; {NO_DEMOTION}",
     "one kdamond watches all of physical memory; its regions are split among every process",
-    POPULATING_LIMIT,
+    FIRST_TOUCH_LIMIT,
 ]
 
 
@@ -262,7 +235,7 @@ def _open_vaddr(pid: int, mon: MonitorSettings, reason: str) -> VaddrSource:
     return VaddrSource(kd, reason, stream, err)
 
 
-def _open_paddr(pid: int, mon: MonitorSettings, reason: str) -> ReverseMappedSource:
+def open_paddr(mon: MonitorSettings, reason: str) -> ReverseMappedSource:
     # No auto-tuning: the stream needs fixed intervals to read nr_accesses right.
     kd = kdamond.start_paddr(mon.intervals, mon.min_nr_regions, mon.max_nr_regions, None)
     try:
@@ -274,7 +247,7 @@ def _open_paddr(pid: int, mon: MonitorSettings, reason: str) -> ReverseMappedSou
         raise
     return ReverseMappedSource("paddr", reason, f"kdamond {kd.index} (ours, paddr)",
                                kd.kdamond_pid or 0, mon.intervals.sample_us,
-                               mon.intervals.aggr_us, stream, pid, list(PADDR_LIMITS),
+                               mon.intervals.aggr_us, stream, list(PADDR_LIMITS),
                                kd.is_running, kd)
 
 
@@ -306,8 +279,7 @@ def _pick_passive(found: DamonStatus, want_pid: int | None) -> KdamondInfo:
     return k
 
 
-def _open_passive(pid: int, request: SourceRequest, found: DamonStatus,
-                  reason: str) -> ReverseMappedSource:
+def open_passive(request: SourceRequest, found: DamonStatus, reason: str) -> ReverseMappedSource:
     k = _pick_passive(found, request.kdamond_pid)
     iv = read_intervals(k.index)
     if iv is None:
@@ -323,7 +295,7 @@ def _open_passive(pid: int, request: SourceRequest, found: DamonStatus,
         return kpid in running_kdamond_pids().values()
 
     return ReverseMappedSource("passive", reason, f"kdamond {k.index} (pid {kpid}, paddr, "
-                               "not ours)", kpid, sample_us, aggr_us, stream, pid, limits, alive)
+                               "not ours)", kpid, sample_us, aggr_us, stream, limits, alive)
 
 
 def probe_for(request: SourceRequest, who: str = "damon-hp") -> DamonStatus:
@@ -369,9 +341,9 @@ def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> Acces
     if kind == "vaddr":
         return _open_vaddr(pid, mon, why)
     if kind == "paddr":
-        return _open_paddr(pid, mon, why)
+        return open_paddr(mon, why)
     try:
-        return _open_passive(pid, request, found, why)
+        return open_passive(request, found, why)
     except EnvironmentProblem as e:
         if request.kind != "auto":
             raise

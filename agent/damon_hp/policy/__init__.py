@@ -1,0 +1,76 @@
+"""The whole huge-page decision rule: snapshots of a target's virtual memory in, promotions and
+demotions out.
+
+Pure: no I/O, no clock, no globals. Everything a decision depends on arrives as an argument
+(the snapshot, the previous `PolicyState`, the target's RSS, its collapsible mappings, the
+resident pages of the candidates, the system THP mode) and everything it changes leaves as a
+return value (a `Decision` and the next `PolicyState`). Tests replay recorded snapshots
+through the same functions.
+
+The rule, in order (rule.py names the function of each step):
+
+1. **Hot regions.** A region is hot in a snapshot when DAMON saw it accessed in at least
+   `hot_access_pct` of the samples it took, at an age of at least `min_hot_age_s`.
+2. **Aligned ranges.** Adjacent hot regions form hot spans; a span yields the 2 MiB-aligned
+   ranges it covers completely, inside one mapping (a huge page cannot cross a VMA); a region
+   straddling mappings counts only for one holding nearly all of it.
+3. **Evidence, absolute.** Each range's streak of hot readings sums what DAMON sampled of it:
+   accesses out of the samples taken. A range is ready when the sum reaches
+   `promote_min_accesses` at a rate of `promote_access_pct` over at least
+   `promote_after_snapshots` hot readings. A reading of a range whose resident pages grew
+   during the aggregation (first touch: the fault sets the accessed bit) is withheld, the rest
+   of the snapshot is used, so a steady process is judged from its first aggregation. Where
+   the regions are the target's own (vaddr), DAMON's region age seeds the streak.
+4. **Residency guard.** A ready range is collapsed only when at most `max_ptes_none` of its
+   512 base pages are absent: MADV_COLLAPSE makes all 2 MiB resident, so a sparse hot range
+   collapsed is memory bloat.
+5. **Ranking and limits.** Ready ranges are ranked by expected benefit per byte the collapse
+   occupies (access frequency times hot span, over 2 MiB plus the absent pages it adds) and
+   admitted while the budget (`max_huge_bytes`, `max_huge_rss_pct` of RSS) and the collapse
+   rate limit (`collapse_bytes_per_s`) allow.
+6. **Demotion, on evidence, where it can act.** A promoted range is marked MADV_NOHUGEPAGE only
+   after reading idle long enough while DAMON demonstrably saw the process's accesses
+   (`demote_after_s` while another huge range read hot, `demote_blind_after_s` while only
+   4 KiB memory did): DAMON cannot see accesses that hit the TLB, and huge pages are what the
+   TLB keeps. A demoted range ready again is re-marked MADV_HUGEPAGE first. Sources without a
+   DAMOS scheme of ours cannot demote (`can_demote`) and keep no idle bookkeeping.
+7. **Marks.** Under THP `madvise`, promoted ranges are also marked MADV_HUGEPAGE.
+8. **A process that turned THP off for itself** gets no collapse and no re-mark; its streaks
+   are kept for the moment it allows THP again.
+
+Refused collapses (`record_outcomes`) are retried after an exponential back-off.
+"""
+
+from damon_hp.ranges import HUGE_PAGE_BYTES, PAGES_PER_HUGE
+
+from .hotset import (
+    HotSet,
+    RangeHeat,
+    RegionLike,
+    SnapshotLike,
+    access_pct,
+    hot_regions,
+    hot_set,
+    range_heat,
+)
+from .params import MIB, PolicyParams
+from .rule import (
+    budget_bytes,
+    collapse_candidates,
+    decide,
+    evidence_suffices,
+    ranking_score,
+    record_outcomes,
+)
+from .state import Decision, Huge, PolicyState, RangeState, Streak
+
+BASE_PAGE_BYTES = HUGE_PAGE_BYTES // PAGES_PER_HUGE
+PAGES_PER_HUGE_PAGE = PAGES_PER_HUGE
+
+__all__ = [
+    "BASE_PAGE_BYTES", "HUGE_PAGE_BYTES", "MIB", "PAGES_PER_HUGE_PAGE", "Decision", "HotSet",
+    "Huge", "PolicyParams", "PolicyState", "RangeHeat", "RangeState", "RegionLike",
+    "SnapshotLike", "Streak", "access_pct", "budget_bytes", "collapse_candidates", "decide",
+    "evidence_suffices", "hot_regions", "hot_set", "range_heat", "ranking_score",
+    "record_outcomes",
+]

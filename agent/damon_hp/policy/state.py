@@ -1,0 +1,141 @@
+"""What the policy remembers between snapshots (one record per 2 MiB range) and what it decides.
+
+All frozen: the rule's functions return new records, so a replay can keep any step's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
+
+
+@dataclass(frozen=True)
+class Streak:
+    """A not-yet-promoted range's run of hot readings and the evidence they carry."""
+
+    since_s: float
+    """time of the streak's first hot reading (earlier when DAMON's region age seeded it)"""
+    hot_readings: int
+    accesses: float
+    """DAMON's sampled accesses of the range over the streak"""
+    samples: int
+    """the samples DAMON took over the streak (hot readings and misses alike)"""
+    missed: int = 0
+    """non-hot readings in a row (up to promote_grace)"""
+
+    @property
+    def rate_pct(self) -> float:
+        return 100.0 * self.accesses / self.samples if self.samples else 0.0
+
+
+@dataclass(frozen=True)
+class Huge:
+    """A promoted range: collapsed by us (or found huge) and kept so."""
+
+    last_hot_s: float
+    idle_witnessed_s: float = 0.0
+    """seconds it read idle while other memory of the process read hot"""
+    idle_huge_witnessed_s: float = 0.0
+    """of those, seconds while another promoted range read hot"""
+
+
+@dataclass(frozen=True)
+class RangeState:
+    """Everything the policy remembers of one 2 MiB-aligned range."""
+
+    streak: Streak | None = None
+    huge: Huge | None = None
+    demoted: bool = False
+    """marked MADV_NOHUGEPAGE after going cold"""
+    remarked_at: float | None = None
+    """a formerly demoted range re-marked MADV_HUGEPAGE, and when"""
+    retry_at: float | None = None
+    """its collapse failed: earliest time to try again"""
+    failures: int = 0
+    """consecutive failed collapses (for the back-off)"""
+
+    @property
+    def empty(self) -> bool:
+        return self == _EMPTY
+
+
+_EMPTY = RangeState()
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """The policy's memory. Treat as immutable: functions return a new one."""
+
+    ranges: Mapping[int, RangeState] = field(default_factory=dict)
+    """range start -> its record (ranges with nothing to remember are left out)"""
+    credit_bytes: float | None = None
+    """collapse rate-limit tokens; None until the first snapshot"""
+    last_taken_at_s: float | None = None
+
+    def get(self, start: int) -> RangeState:
+        return self.ranges.get(start, _EMPTY)
+
+    @property
+    def promoted(self) -> dict[int, float]:
+        """promoted range -> last time it read hot"""
+        return {s: r.huge.last_hot_s for s, r in self.ranges.items() if r.huge is not None}
+
+    @property
+    def demoted(self) -> frozenset[int]:
+        return frozenset(s for s, r in self.ranges.items() if r.demoted)
+
+    @property
+    def remarked(self) -> dict[int, float]:
+        return {s: r.remarked_at for s, r in self.ranges.items() if r.remarked_at is not None}
+
+    @property
+    def streaks(self) -> dict[int, Streak]:
+        return {s: r.streak for s, r in self.ranges.items() if r.streak is not None}
+
+    @property
+    def retry_at(self) -> dict[int, float]:
+        return {s: r.retry_at for s, r in self.ranges.items() if r.retry_at is not None}
+
+    @property
+    def failures(self) -> dict[int, int]:
+        return {s: r.failures for s, r in self.ranges.items() if r.failures}
+
+    @property
+    def promoted_bytes(self) -> int:
+        return sum(r.huge is not None for r in self.ranges.values()) * HUGE_PAGE_BYTES
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after one snapshot, and what the snapshot showed."""
+
+    taken_at_s: float
+    hot_bytes: int
+    """bytes of the regions that were hot in this snapshot (not aligned)"""
+    hot_regions: tuple[AddrRange, ...]
+    hot_ranges: tuple[int, ...]
+    """2 MiB ranges fully covered by hot spans, in address order"""
+    promote: tuple[int, ...]
+    """ranges to collapse now, best first"""
+    demote: tuple[int, ...]
+    """promoted ranges that went cold: add them to the MADV_NOHUGEPAGE marks"""
+    hugepage_marks: tuple[AddrRange, ...]
+    """the full set of ranges the MADV_HUGEPAGE scheme must cover after this decision"""
+    nohugepage_marks: tuple[AddrRange, ...]
+    """the full set of ranges the MADV_NOHUGEPAGE scheme must cover after this decision"""
+    held_by_budget: int = 0
+    """ready ranges not promoted because of the budget"""
+    held_by_rate: int = 0
+    """ready ranges not promoted because of the collapse rate limit"""
+    held_by_residency: int = 0
+    """ready ranges not promoted (or not re-marked) because too few of their pages are resident"""
+    held_by_thp_disabled: int = 0
+    """ready ranges not promoted because the process turned THP off for itself"""
+    unsteady: int = 0
+    """hot ranges whose reading was not used: their resident pages grew during the aggregation"""
+    budget_bytes: int | None = None
+    benefit: Mapping[int, float] = field(default_factory=dict)
+    """promoted-now range -> its expected benefit (access % times hot span MiB), for a budget
+    shared between processes (damon-hpd)"""
