@@ -14,9 +14,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from damon_hp.errors import DamonHpError
-from damon_hp.ranges import AddrRange, huge_starts, intersect, merge_adjacent
+from damon_hp.ranges import (
+    HUGE_PAGE_BYTES,
+    PAGE_BYTES,
+    AddrRange,
+    huge_starts,
+    intersect,
+    merge_adjacent,
+)
 
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -375,7 +381,6 @@ def _scan_huge_regions(fd: int, path: str, ranges: Iterable[AddrRange]) -> list[
 # /proc/PID/pagemap: one u64 per virtual page; bit 63 = present in RAM (readable without root).
 PAGEMAP_ENTRY_BYTES = 8
 PAGEMAP_PRESENT = 1 << 63
-_HUGE_BYTES = 2 << 20
 
 
 def _resident_pages(fd: int, path: str, starts: Iterable[int]) -> dict[int, int]:
@@ -386,33 +391,33 @@ def _resident_pages(fd: int, path: str, starts: Iterable[int]) -> dict[int, int]
     entries are read and their present bits counted.
     """
     wanted = sorted(set(starts))
-    if any(start % _HUGE_BYTES for start in wanted):
+    if any(start % HUGE_PAGE_BYTES for start in wanted):
         raise ValueError("resident pages are counted per 2 MiB-aligned range")
     counts = dict.fromkeys(wanted, 0)
     runs: list[list[int]] = []
     for start in wanted:
         if runs and runs[-1][1] == start:
-            runs[-1][1] = start + _HUGE_BYTES
+            runs[-1][1] = start + HUGE_PAGE_BYTES
         else:
-            runs.append([start, start + _HUGE_BYTES])
+            runs.append([start, start + HUGE_PAGE_BYTES])
     try:
         for lo, hi in runs:
             for found in pagemap_scan(fd, path, lo, hi, PAGE_IS_PRESENT):
                 addr = found.start
                 while addr < found.end:
-                    window = addr - addr % _HUGE_BYTES
-                    upto = min(found.end, window + _HUGE_BYTES)
-                    counts[window] += (upto - addr) // PAGE_SIZE
+                    window = addr - addr % HUGE_PAGE_BYTES
+                    upto = min(found.end, window + HUGE_PAGE_BYTES)
+                    counts[window] += (upto - addr) // PAGE_BYTES
                     addr = upto
         return counts
     except PagemapScanUnsupported:
         pass
     counts = dict.fromkeys(wanted, 0)
-    per_window = _HUGE_BYTES // PAGE_SIZE
+    per_window = HUGE_PAGE_BYTES // PAGE_BYTES
     for lo, hi in runs:
-        want = (hi - lo) // PAGE_SIZE * PAGEMAP_ENTRY_BYTES
+        want = (hi - lo) // PAGE_BYTES * PAGEMAP_ENTRY_BYTES
         try:
-            data = os.pread(fd, want, lo // PAGE_SIZE * PAGEMAP_ENTRY_BYTES)
+            data = os.pread(fd, want, lo // PAGE_BYTES * PAGEMAP_ENTRY_BYTES)
         except OSError as e:
             if e.errno in (errno.ESRCH, errno.ENOENT):
                 raise ProcessGone(f"{path}: the process has exited") from e
@@ -420,7 +425,7 @@ def _resident_pages(fd: int, path: str, starts: Iterable[int]) -> dict[int, int]
         entries = memoryview(data[: len(data) // PAGEMAP_ENTRY_BYTES * PAGEMAP_ENTRY_BYTES])
         entries = entries.cast("Q")
         for i in range(0, len(entries), per_window):
-            counts[lo + i * PAGE_SIZE] = sum(
+            counts[lo + i * PAGE_BYTES] = sum(
                 1 for e in entries[i:i + per_window] if e & PAGEMAP_PRESENT)
     return counts
 

@@ -43,10 +43,8 @@ from ..procfs import (
     pagemap_scan_categories,
     read_stat,
 )
+from ..ranges import HUGE_PAGE_BYTES, PAGE_BYTES
 from .model import Region, Snapshot
-
-PAGE_BYTES = 4096
-HUGE_PAGE_BYTES = 2 << 20
 
 # /proc/PID/pagemap: one little-endian u64 per virtual page (Documentation/admin-guide/mm/
 # pagemap.rst). Bits 55-62 are flags (soft-dirty, exclusive, uffd-wp, file, swapped).

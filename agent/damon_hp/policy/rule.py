@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGES_PER_HUGE, AddrRange, coalesce, inside_any
 
 from .hotset import HotSet, RangeHeat, SnapshotLike, hot_set, range_heat
-from .params import PolicyParams
+from .params import MIB, PolicyParams
 from .state import Decision, Huge, PolicyState, RangeState, Streak
 
-MIB = 1 << 20
 _EPS = 1e-9
 
 

@@ -1,0 +1,83 @@
+"""How soon damon-hp acts on what the foreign kdamond shows, on this host's passive source.
+
+Speed in seconds is physics here (the kdamond's 5-s aggregations, how its regions split around
+the target's frames, the machine's load); the claim this test holds is in the kdamond's own
+terms: once the kdamond has read a hot range as busy enough for the rule -- 6 sampled accesses
+at 30 % of its samples, i.e. one steady reading of 6 of 10 or two in a row of 3 -- the range is
+collapsed in that same step or the next (rate limit, a refused collapse retried), and no range
+is collapsed that the kdamond never read accessed. Judged on the agent's own recording of what
+it was given (`--record`: the reverse-mapped readings with first-touch marks) and its action
+log; the time in seconds to a huge hot set is a benchmark figure (docs/results.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from damon_hp.damon.model import Recording
+from damon_hp.ranges import HUGE_PAGE_BYTES as H
+
+ROOT = Path(__file__).resolve().parents[2]
+DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
+HOTCOLD = str(ROOT / "workloads/bin/hotcold")
+
+
+def test_a_hot_range_the_kdamond_shows_busy_is_collapsed_within_one_step(tmp_path) -> None:
+    out, rec_path = tmp_path / "run.json", tmp_path / "rec.json"
+    env = {**os.environ, "DAMON_HP_RUN_DIR": str(tmp_path / "run")}
+    p = subprocess.run([DAMON_HP, "run", "-q", "--json", str(out), "--record", str(rec_path),
+                        "--", HOTCOLD, "--hot", "512M", "--cold", "1G", "--seconds", "45"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    first = json.loads(p.stdout.splitlines()[0])
+    hot, cold = first["hot"], first["cold"]
+    report = json.loads(out.read_text())
+    assert report["summary"]["source"]["name"] == "passive"
+    rec = Recording.load(rec_path)
+    timeline = report["timeline"]
+    offset = timeline[0]["monotonic_s"] - timeline[0]["t_s"]  # agent start, monotonic
+    collapsed: dict[int, float] = {}  # range -> monotonic time of its first successful collapse
+    for a in report["actions"]:
+        if a["action"] == "collapse" and a["error"] is None:
+            collapsed.setdefault(a["start"], a["t_s"] + offset)
+
+    def readings(snap) -> dict[int, int]:
+        return {r.start - r.start % H: r.nr_accesses for r in snap.regions
+                if r.end - r.start <= H}
+
+    seen = [(s.taken_at_s, readings(s), s.unsteady) for s in rec.snapshots]
+    assert seen, "no snapshot reached the agent"
+    # Hot ranges whose evidence sufficed, and the snapshot after which it did.
+    due: dict[int, int] = {}
+    for i, (_, now, unsteady) in enumerate(seen):
+        for start, acc in now.items():
+            if not hot["start"] <= start < hot["end"] or start in due or start in unsteady:
+                continue
+            prev = seen[i - 1] if i else None
+            if acc >= 6 or (acc >= 3 and prev is not None and prev[1].get(start, 0) >= 3
+                            and start not in prev[2]):
+                due[start] = i
+    hot_ranges = (hot["end"] - hot["start"]) // H
+    print(f"{len(due)} of {hot_ranges} hot ranges read busy enough; {len(collapsed)} collapsed; "
+          f"snapshots {len(seen)}; {report['summary']['unsteady_readings']} readings withheld")
+    assert len(due) >= 0.1 * hot_ranges, (
+        f"the kdamond read only {len(due)} of {hot_ranges} hot ranges busy enough in "
+        f"{len(seen)} aggregations: nothing to judge (is hotcold starved of CPU?)")
+    late = []
+    for start, i in due.items():
+        # collapsed by the end of the next step (the next snapshot's time, or the run's end)
+        deadline = seen[i + 2][0] if i + 2 < len(seen) else float("inf")
+        if collapsed.get(start, float("inf")) > deadline:
+            late.append(start)
+    assert len(late) <= 0.1 * len(due), f"{len(late)} of {len(due)} ranges late: {late[:5]}"
+    # No collapse without evidence: every collapsed range read accessed in a steady reading
+    # before its collapse.
+    for start, t in collapsed.items():
+        assert any(now.get(start, 0) > 0 and start not in unsteady
+                   for taken, now, unsteady in seen if taken <= t), hex(start)
+    cold_collapsed = [s for s in collapsed if cold["start"] <= s < cold["end"]]
+    assert len(cold_collapsed) < len([s for s in collapsed if hot["start"] <= s < hot["end"]])
