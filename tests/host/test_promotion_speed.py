@@ -2,8 +2,9 @@
 
 Speed in seconds is physics here (the kdamond's 5-s aggregations, how its regions split around
 the target's frames, the machine's load); the claim this test holds is in the kdamond's own
-terms: once the kdamond has read a hot range as busy enough for the rule -- 6 sampled accesses
-at 30 % of its samples, i.e. one steady reading of 6 of 10 or two in a row of 3 -- the range is
+terms: once the kdamond has read a hot range as busy enough for the rule -- its latest steady
+readings holding 8 sampled accesses at 30 % of the samples (one reading of 8 of 10, two of 4,
+three of 3) -- the range is
 collapsed in that same step or the next (rate limit, a refused collapse retried), and no range
 is collapsed that the kdamond never read accessed. Judged on the agent's own recording of what
 it was given (`--record`: the reverse-mapped readings with first-touch marks) and its action
@@ -45,22 +46,33 @@ def test_a_hot_range_the_kdamond_shows_busy_is_collapsed_within_one_step(tmp_pat
         if a["action"] == "collapse" and a["error"] is None:
             collapsed.setdefault(a["start"], a["t_s"] + offset)
 
-    def readings(snap) -> dict[int, int]:
-        return {r.start - r.start % H: r.nr_accesses for r in snap.regions
-                if r.end - r.start <= H}
+    def readings(snap) -> dict[int, float]:
+        """range -> its reading as a share of the samples, times 10 (the host's 10 per
+        aggregation)"""
+        return {r.start - r.start % H: 10 * r.nr_accesses / snap.max_nr_accesses
+                for r in snap.regions if r.end - r.start <= H}
 
     seen = [(s.taken_at_s, readings(s), s.unsteady) for s in rec.snapshots]
     assert seen, "no snapshot reached the agent"
-    # Hot ranges whose evidence sufficed, and the snapshot after which it did.
+    # Hot ranges whose evidence sufficed, and the snapshot after which it did: a run of steady
+    # readings up to this one (newest first; two idle ones in a row end it) reaching 8 accesses
+    # at 30 % of 10 samples each.
     due: dict[int, int] = {}
     for i, (_, now, unsteady) in enumerate(seen):
-        for start, acc in now.items():
+        for start in now:
             if not hot["start"] <= start < hot["end"] or start in due or start in unsteady:
                 continue
-            prev = seen[i - 1] if i else None
-            if acc >= 6 or (acc >= 3 and prev is not None and prev[1].get(start, 0) >= 3
-                            and start not in prev[2]):
-                due[start] = i
+            total, idle = 0.0, 0
+            for k, (_, then, withheld) in enumerate(reversed(seen[: i + 1])):
+                if start in withheld or start not in then:
+                    break
+                idle = idle + 1 if then[start] == 0 else 0
+                if idle > 1:
+                    break
+                total += then[start]
+                if total >= 8 and total >= 0.3 * 10 * (k + 1):
+                    due[start] = i
+                    break
     hot_ranges = (hot["end"] - hot["start"]) // H
     print(f"{len(due)} of {hot_ranges} hot ranges read busy enough; {len(collapsed)} collapsed; "
           f"snapshots {len(seen)}; {report['summary']['unsteady_readings']} readings withheld")

@@ -10,6 +10,7 @@ share a DAMON region with busy frames of any process.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -84,17 +85,17 @@ def test_recorded_passive_run_promotes_the_hot_buffer_and_little_of_the_cold() -
     # The recording shows the problem: vaddr's single sampled access collapses a large part of
     # the cold buffer ...
     assert share(lax, cold) > 0.25
-    # ... the physical evidence keeps the cold buffer about where the earlier relative rule did
-    # on this recording (7.0 %; this rule 7.3 %) and promotes most of the hot buffer ...
-    assert share(physical, cold) <= 0.075
+    # ... the physical evidence keeps the cold buffer below where the earlier relative rule
+    # kept it on this recording (7.0 %) and promotes most of the hot buffer ...
+    assert share(physical, cold) <= 0.07
     assert share(physical, hot) >= 0.75
-    # ... half of it within two aggregations of the first that read half of it accessed (the
-    # relative rule had 53 % 21 s after that one).
+    # ... half of it within four aggregations of the first that read half of it accessed (the
+    # relative rule had 53 % 21 s after that one; on a quieter host, one).
     hot_starts = range(hot.start, hot.end, H)
     first_hot = min(s.taken_at_s for s in snaps
                     if 2 * len({r.start for r in s.regions if r.nr_accesses
                                 and r.start in hot_starts}) >= len(hot_starts))
-    early = {s: t for s, t in physical.items() if t <= first_hot + 2 * 5.5}
+    early = {s: t for s, t in physical.items() if t <= first_hot + 4 * 5.5}
     assert share(early, hot) >= 0.5
 
 
@@ -122,16 +123,26 @@ def test_a_heap_read_evenly_is_promoted_as_soon_as_a_skewed_range() -> None:
     p = PolicyParams()
     when, _ = run([snap(0.0, (0, 1, 20, 0), (1, 65, 2, 0))], p)
     assert set(when) == {BASE + i * H for i in range(65)}
-    # physical evidence: the heap at 1 of 10 samples needs its 6 sampled accesses at 30 % ...
+    # physical evidence: the heap at 1 of 10 samples never has 8 sampled accesses at 30 % ...
     phys = [snap(5.0 * k, (0, 1, 10, 0), (1, 65, 1, 0), sample_us=500_000, aggr_us=5_000_000)
             for k in range(8)]
     when, _ = run(phys, PHYSICAL)
     assert set(when) == {BASE}
-    # ... and at 3 of 10 it has them after two readings.
-    phys = [snap(5.0 * k, (0, 1, 10, 0), (1, 65, 3, 0), sample_us=500_000, aggr_us=5_000_000)
+    # ... and at 4 of 10 it has them after two readings.
+    phys = [snap(5.0 * k, (0, 1, 10, 0), (1, 65, 4, 0), sample_us=500_000, aggr_us=5_000_000)
             for k in range(3)]
     when, _ = run(phys, PHYSICAL)
     assert when[BASE] == 0.0 and {when[BASE + i * H] for i in range(1, 65)} == {5.0}
+
+
+def test_older_lukewarm_readings_do_not_dilute_a_range_that_turned_busy() -> None:
+    """Readings 1, 0, 1, 1 then 4 and 4 of 10: the last two hold 8 accesses at 40 %, so the
+    range is promoted at the sixth reading, whatever the streak held before."""
+    readings = [1, 0, 1, 1, 4, 4]
+    phys = [snap(5.0 * k, (0, 1, n, 0), sample_us=500_000, aggr_us=5_000_000)
+            for k, n in enumerate(readings)]
+    when, _ = run(phys, dataclasses.replace(PHYSICAL, promote_grace=2))
+    assert when == {BASE: 25.0}
 
 
 def test_a_range_being_faulted_in_is_withheld_and_the_rest_of_the_snapshot_is_used() -> None:

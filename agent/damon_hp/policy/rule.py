@@ -76,14 +76,11 @@ def advance_streaks(ranges: dict[int, RangeState], hot: HotSet, heat: Mapping[in
             if s is None:
                 seed = (min(heat[start].min_age, params.max_age_seed)
                         if params.seed_streak_from_age else 0)
-                s = Streak(since_s=now - seed * aggr_s, hot_readings=1 + seed,
-                           accesses=got * (1 + seed), samples=max_acc * (1 + seed))
-            else:
-                s = Streak(s.since_s, s.hot_readings + 1, s.accesses + got,
-                           s.samples + max_acc)
+                s = Streak(since_s=now - seed * aggr_s, hot_readings=seed,
+                           readings=((got, max_acc),) * seed)
+            s = s.then(got, max_acc, hot=True)
         elif s is not None:
-            s = (None if s.missed + 1 > params.promote_grace
-                 else replace(s, missed=s.missed + 1, samples=s.samples + max_acc))
+            s = None if s.missed + 1 > params.promote_grace else s.then(0.0, max_acc, hot=False)
         ranges[start] = replace(rec, streak=s)
 
 
@@ -91,8 +88,7 @@ def evidence_suffices(s: Streak | None, now: float, params: PolicyParams) -> boo
     return (s is not None
             and s.hot_readings >= params.promote_after_snapshots
             and now - s.since_s >= params.promote_after_s - _EPS
-            and s.accesses >= params.promote_min_accesses - _EPS
-            and s.rate_pct >= params.promote_rate_pct - _EPS)
+            and s.evidence(params.promote_min_accesses, params.promote_rate_pct))
 
 
 def judge_idle(ranges: dict[int, RangeState], heat: Mapping[int, RangeHeat], any_hot: bool,

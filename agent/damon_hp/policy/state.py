@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
 
+# Readings a streak keeps for its evidence: enough for the slowest rule (physical sources reach
+# 6 sampled accesses in two hot readings at 30 %; a lukewarm range at 5 % in a few more).
+KEPT_READINGS = 8
+
 
 @dataclass(frozen=True)
 class Streak:
@@ -18,16 +22,29 @@ class Streak:
     since_s: float
     """time of the streak's first hot reading (earlier when DAMON's region age seeded it)"""
     hot_readings: int
-    accesses: float
-    """DAMON's sampled accesses of the range over the streak"""
-    samples: int
-    """the samples DAMON took over the streak (hot readings and misses alike)"""
+    readings: tuple[tuple[float, int], ...]
+    """the latest readings (at most KEPT_READINGS), oldest first: DAMON's sampled accesses of
+    the range and the samples it took (a miss within the grace adds samples only)"""
     missed: int = 0
     """non-hot readings in a row (up to promote_grace)"""
 
-    @property
-    def rate_pct(self) -> float:
-        return 100.0 * self.accesses / self.samples if self.samples else 0.0
+    def then(self, accesses: float, samples: int, *, hot: bool) -> Streak:
+        """The streak after one more reading."""
+        return Streak(self.since_s, self.hot_readings + hot,
+                      (*self.readings, (accesses, samples))[-KEPT_READINGS:],
+                      0 if hot else self.missed + 1)
+
+    def evidence(self, min_accesses: float, min_pct: float) -> bool:
+        """Do the latest readings -- any run of them up to the newest -- hold `min_accesses`
+        sampled accesses at `min_pct` of the samples? The newest first: older, lukewarm
+        readings of a range that has turned busy do not dilute it."""
+        accesses, samples = 0.0, 0
+        for a, n in reversed(self.readings):
+            accesses += a
+            samples += n
+            if accesses >= min_accesses - 1e-9 and 100.0 * accesses >= (min_pct - 1e-9) * samples:
+                return True
+        return False
 
 
 @dataclass(frozen=True)
