@@ -139,14 +139,28 @@ def test_targets_are_rows_with_verdicts_and_numbers():
     for rep in range(3):
         runs += [_run("thp-never", rep, 2.0, 100.0, 1000, 900),
                  _run("everywhere", rep, 1.6, 120.0, 1100, 1100),
-                 _run("damon-hp", rep, 1.66, 118.0, 1010, 950)]
+                 _run("damon-hp", rep, 1.74, 118.0, 1010, 950)]
     rows = {t.what: t for t in app_report.targets("redis", app_report.Runs(runs), ["get"], True)}
-    gain = rows["get: damon-hp keeps >= 90 % of everywhere's gain in server CPU per request"]
-    assert gain.met is False and "share kept 85%" in gain.numbers
+    gain = rows["get: damon-hp keeps >= 70 % of everywhere's gain in server CPU per request"]
+    assert gain.met is False and "share kept 65%" in gain.numbers
+    harm = rows["get: no harm: damon-hp's server CPU per request no worse than thp-never's "
+                "beyond noise"]
+    assert harm.met is True and "-13.0%" in harm.numbers
     assert rows["get: damon-hp throughput no worse than thp-never beyond noise"].met is True
     assert rows["RSS within 2 % of thp-never's (after the measured tests)"].met is True
     churn = [t for w, t in rows.items() if w.startswith("after deleting")][0]
     assert churn.met is False  # 150 bytes less is less than one huge page: no difference
+
+
+def test_no_harm_fails_when_damon_hp_costs_the_server_cpu():
+    runs = []
+    for rep in range(3):
+        runs += [_run("thp-never", rep, 2.0 + rep * 0.02, 100.0, 1000, 900),
+                 _run("everywhere", rep, 1.6, 120.0, 1100, 1100),
+                 _run("damon-hp", rep, 2.2, 100.0, 1000, 900)]
+    rows = app_report.targets("redis", app_report.Runs(runs), ["get"], False)
+    harm = [t for t in rows if "no harm" in t.what][0]
+    assert harm.met is False and "+8.9%" in harm.numbers
 
 
 def test_a_gain_within_noise_leaves_the_share_undefined():

@@ -21,7 +21,7 @@ from damon_hp.experiment.writeup import fmt_bytes
 
 NEVER, EVERYWHERE, DAMON = "thp-never", "everywhere", "damon-hp"
 NOISE_FLOOR = 0.01
-CPU_GAIN_TARGET = 0.9
+CPU_GAIN_TARGET = 0.7
 RSS_TARGET = 0.02
 MIN_MEMORY_GAP = 2 << 20  # one huge page: a smaller memory difference is no difference
 
@@ -200,7 +200,8 @@ def _no_worse(rs: Runs, test: str, key: str, higher_is_better: bool, label: str)
 
 
 def _cpu_gain(rs: Runs, test: str) -> Target:
-    label = f"{test}: damon-hp keeps >= 90 % of everywhere's gain in server CPU per request"
+    label = (f"{test}: damon-hp keeps >= {CPU_GAIN_TARGET * 100:.0f} % of everywhere's gain "
+             "in server CPU per request")
     key = "cpu_us_per_request"
     never, every, damon = (rs.phase_stat(a, test, key) for a in (NEVER, EVERYWHERE, DAMON))
     if never is None or every is None or damon is None:
@@ -255,6 +256,11 @@ def targets(app: str, rs: Runs, tests: list[str], churn: bool) -> list[Target]:
                              f"{t}: damon-hp throughput no worse than thp-never beyond noise"))
         out.append(_no_worse(rs, t, "p99_ms", False,
                              f"{t}: damon-hp latency p99 no worse than thp-never beyond noise"))
+        # No harm: the server pays nothing for being managed (the agent's own CPU, collapses
+        # holding its mmap lock, TLB-flush interrupts, compaction migrating its pages).
+        out.append(_no_worse(rs, t, "cpu_us_per_request", False,
+                             f"{t}: no harm: damon-hp's server CPU per request no worse than "
+                             "thp-never's beyond noise"))
         if app == "redis":
             out.append(_cpu_gain(rs, t))
     out.append(_rss(rs))
