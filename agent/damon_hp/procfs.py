@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from damon_hp.errors import DamonHpError
+from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.ranges import (
     HUGE_PAGE_BYTES,
     PAGE_BYTES,
@@ -308,13 +308,23 @@ class PagemapScanUnsupported(DamonHpError):
     """The kernel has no PAGEMAP_SCAN ioctl (before 6.7)."""
 
 
-def huge_bytes_in(pid: int, ranges: Iterable[AddrRange]) -> int:
-    """Bytes of `ranges` of `pid` mapped by PMD huge pages (THP or hugetlb), from PAGEMAP_SCAN."""
+def open_pagemap(pid: int) -> tuple[int, str]:
+    """/proc/PID/pagemap opened for reading, and its path: the one place it is opened.
+
+    Present bits and PAGEMAP_SCAN need no privilege; frame numbers read as 0 without
+    CAP_SYS_ADMIN (the reverse map checks that on what it reads)."""
     path = f"/proc/{pid}/pagemap"
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC), path
     except (FileNotFoundError, ProcessLookupError) as e:
         raise ProcessGone(f"{path}: the process has exited") from e
+    except PermissionError as e:
+        raise EnvironmentProblem(f"cannot read {path}: reading page frames needs root") from e
+
+
+def huge_bytes_in(pid: int, ranges: Iterable[AddrRange]) -> int:
+    """Bytes of `ranges` of `pid` mapped by PMD huge pages (THP or hugetlb), from PAGEMAP_SCAN."""
+    fd, path = open_pagemap(pid)
     try:
         return _scan_huge(fd, path, ranges)
     finally:
@@ -432,11 +442,7 @@ def _resident_pages(fd: int, path: str, starts: Iterable[int]) -> dict[int, int]
 
 def resident_pages_in(pid: int, starts: Iterable[int]) -> dict[int, int]:
     """Resident base pages of each 2 MiB range of `pid` starting at `starts` (0..512 each)."""
-    path = f"/proc/{pid}/pagemap"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, ProcessLookupError) as e:
-        raise ProcessGone(f"{path}: the process has exited") from e
+    fd, path = open_pagemap(pid)
     try:
         return _resident_pages(fd, path, starts)
     finally:

@@ -40,6 +40,7 @@ from ..procfs import (
     PAGE_IS_PRESENT,
     PagemapScanUnsupported,
     ProcessGone,
+    open_pagemap,
     pagemap_scan_categories,
     read_stat,
 )
@@ -170,23 +171,13 @@ def read_page_frames(
     that is a second page-table walk (+5-10 ms per 4 GiB here): use_scan=False skips it.
     """
     wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
-    fd, path = _open_pagemap(pid)
+    fd, path = open_pagemap(pid)
     try:
         present = _scan_present(fd, path, wanted) if use_scan else None
         frames = _read_frames(fd, path, pid, wanted, present)
     finally:
         os.close(fd)
     return frames
-
-
-def _open_pagemap(pid: int) -> tuple[int, str]:
-    path = f"/proc/{pid}/pagemap"
-    try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC), path
-    except (FileNotFoundError, ProcessLookupError) as e:
-        raise _gone(path, e) from e
-    except PermissionError as e:
-        raise EnvironmentProblem(f"cannot read {path}: reading page frames needs root") from e
 
 
 def _scan_present(fd: int, path: str, wanted: Sequence[tuple[int, int]]
@@ -271,7 +262,7 @@ class FrameReader:
         wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
         moves = _frame_moves(self.pid)
         now = self._clock()
-        fd, path = _open_pagemap(self.pid)
+        fd, path = open_pagemap(self.pid)
         try:
             present = _scan_present(fd, path, wanted)
             trusted = (present is not None and moves is not None and moves == self._moves
