@@ -164,6 +164,38 @@ def test_phases_regions_are_separate_resident_mappings_and_sigterm_ends_the_run(
     assert lines[-1]["stopped_by"] == "SIGTERM" and lines[-1]["phases"] == 1
 
 
+def _rss(pid: int, region: dict) -> int:
+    entry = smaps_entries(pid)[(region["start"], region["end"])]
+    return int(entry["Rss"].split()[0]) * 1024
+
+
+def _frames(pid: int, region: dict) -> list[int]:
+    """The frame numbers of the region's pages (root reads real ones)."""
+    with open(f"/proc/{pid}/pagemap", "rb") as f:
+        f.seek(region["start"] // 4096 * 8)
+        raw = f.read((region["end"] - region["start"]) // 4096 * 8)
+    return [int.from_bytes(raw[i:i + 8], "little") & ((1 << 55) - 1)
+            for i in range(0, len(raw), 8)]
+
+
+def test_phases_lazy_writes_a_region_at_its_phase_and_a_never_read_one_beside_it(start):
+    ph = start("phases", "--regions", "3", "--region-size", "8M", "--phase-seconds", "30",
+               "--phases", "2", "--lazy")
+    pid, (r0, r1, r2) = ph.proc.pid, ph.first["regions"]
+    first_phase = json.loads(ph.proc.stdout.readline())
+    assert first_phase["region"] == 0
+    # region 0 and the never-read region 2 are written; region 1 waits for its phase
+    assert _rss(pid, r0) == 8 * MIB and _rss(pid, r2) == 8 * MIB and _rss(pid, r1) == 0
+    # written page by page in turn: their frames interleave in physical memory
+    f0, f2 = _frames(pid, r0), _frames(pid, r2)
+    assert min(f0) < max(f2) and min(f2) < max(f0)
+    ph.proc.send_signal(signal.SIGUSR1)
+    second = json.loads(ph.proc.stdout.readline())
+    assert second["region"] == 1 and _rss(pid, r1) == 8 * MIB
+    code, lines = ph.stop()
+    assert code == 0 and lines[-1]["phases"] == 2
+
+
 def test_gups_does_exactly_the_asked_updates_and_reports_ns_per_update():
     r = run("gups", "--size", "16M", "--updates", "200001", "--threads", "2")
     assert r.returncode == 0, r.stderr

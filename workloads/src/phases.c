@@ -8,6 +8,11 @@
  * a scorer can line DAMON's snapshots up against the truth. SIGUSR1 ends the current phase at
  * once, so a test can move the hot set when it has seen what it waits for, not on a timer. No
  * madvise here.
+ *
+ * --lazy writes each region only when the run first reaches it, and writes the regions no phase
+ * reads (N > M) page by page together with the region of their index modulo M: their frames
+ * then interleave in physical memory with a hot set's, and are faulted in at the same time,
+ * which is the hard case for an access source that sees physical memory.
  */
 #include <stdatomic.h>
 
@@ -31,7 +36,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: phases [--regions N] [--region-size SIZE] [--phase-seconds S] [--phases M]\n"
-		"              [--threads T]\n"
+		"              [--threads T] [--lazy]\n"
 		"  Maps N regions (separate anonymous mmaps, 2 MiB-aligned, no madvise), writes every\n"
 		"  4 KiB page of each once, then runs M phases of S seconds; in phase i, T threads read\n"
 		"  random 64-byte lines of region i mod N only.\n"
@@ -40,6 +45,9 @@ static void usage(FILE *f)
 		"  --phase-seconds S  length of a phase, fractions allowed, > 0 (default 5)\n"
 		"  --phases M         number of phases (default N; 0 = cycle until SIGINT/SIGTERM)\n"
 		"  --threads T        reader threads, 1..1024 (default 1)\n"
+		"  --lazy             write each region when its first phase starts, not at start;\n"
+		"                     a region no phase reads (N > M > 0) is written page by page\n"
+		"                     together with region (its index mod M)\n"
 		"  SIGUSR1 ends the current phase early; SIGINT/SIGTERM end the run.\n"
 		"stdout, one JSON object per line:\n"
 		"  at start:  {\"pid\":P,\"regions\":[{\"start\":A,\"end\":B},...]}\n"
@@ -51,6 +59,18 @@ static void usage(FILE *f)
 		"2 bad arguments.\n");
 }
 
+
+/* Write region r, and page by page with it every never-read region q (q >= nread, q mod nread ==
+ * r), so that their frames come from the allocator in turn. */
+static void write_with_companions(uint64_t **regions, long long nregions, long long nread,
+				  long long r, uint64_t size)
+{
+	for (uint64_t off = 0; off < size; off += MB_PAGE) {
+		((volatile unsigned char *)regions[r])[off] = (unsigned char)(r + 1);
+		for (long long q = nread + r; nread > 0 && q < nregions; q += nread)
+			((volatile unsigned char *)regions[q])[off] = (unsigned char)(q + 1);
+	}
+}
 
 static void *reader(void *arg)
 {
@@ -68,6 +88,7 @@ static void *reader(void *arg)
 int main(int argc, char **argv)
 {
 	long long nregions = 4, nphases = -1, threads = 1;
+	bool lazy = false;
 	uint64_t region_size = 64ULL << 20;
 	double phase_seconds = 5;
 	const struct mb_arg args[] = {
@@ -78,6 +99,7 @@ int main(int argc, char **argv)
 		  "a number of seconds > 0" },
 		{ "phases", MB_ARG_COUNT, &nphases, 0, 0, 0, "a count >= 0" },
 		{ "threads", MB_ARG_COUNT, &threads, 1, 1024, 0, "a number from 1 to 1024" },
+		{ .name = "lazy", .kind = MB_ARG_FLAG, .value = &lazy },
 		{ 0 },
 	};
 	mb_parse_args(PROG, usage, argc, argv, args);
@@ -103,7 +125,19 @@ int main(int argc, char **argv)
 				r, region_size, strerror(errno));
 			return 1;
 		}
-		mb_touch_pages(regions[r], region_size, (unsigned char)(r + 1));
+		if (!lazy)
+			mb_touch_pages(regions[r], region_size, (unsigned char)(r + 1));
+	}
+	/* With --lazy: the regions a phase reads (all of them when phases cycle or outnumber them) */
+	long long nread = nphases == 0 || nphases >= nregions ? nregions : nphases;
+	char *written = calloc((size_t)nregions, 1);
+	if (!written) {
+		fprintf(stderr, "phases: out of memory for bookkeeping\n");
+		return 1;
+	}
+	if (lazy) {
+		write_with_companions(regions, nregions, nread, 0, region_size);
+		written[0] = 1;
 	}
 	lines_per_region = region_size / MB_LINE;
 
@@ -125,6 +159,10 @@ int main(int argc, char **argv)
 	long long phase;
 	for (phase = 0; nphases == 0 || phase < nphases; phase++) {
 		long long r = phase % nregions;
+		if (lazy && !written[r]) {
+			write_with_companions(regions, nregions, nread, r, region_size);
+			written[r] = 1;
+		}
 		atomic_store_explicit(&current, regions[r], memory_order_release);
 		double mono = mb_now(CLOCK_MONOTONIC), wall = mb_now(CLOCK_REALTIME);
 		printf("{\"phase\":%lld,\"region\":%lld,\"start\":%" PRIuPTR ",\"end\":%" PRIuPTR
@@ -149,6 +187,7 @@ int main(int argc, char **argv)
 	for (long long r = 0; r < nregions; r++)
 		mb_unmap_aligned(regions[r], region_size);
 	free(regions);
+	free(written);
 	free(w);
 	return 0;
 }
