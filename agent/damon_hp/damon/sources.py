@@ -178,6 +178,7 @@ class ReverseMappedSource(_Base):
         self.frames = revmap.FrameReader(target_pid)
         self.monitored_share: float | None = None  # of resident pages, at the last snapshot
         self.populating_snapshots = 0  # withheld: the target was faulting memory in
+        self.last_mapped: revmap.VirtualAccess | None = None  # per-range detail (advise)
 
     def snapshot(self) -> Snapshot | None:
         # The newest aggregation only: a reverse map of a 4 GiB target cost 0.1-0.5 s of CPU
@@ -199,6 +200,7 @@ class ReverseMappedSource(_Base):
             self.populating_snapshots += 1
             return None
         mapped = revmap.reverse_map(phys, frames)
+        self.last_mapped = mapped
         if mapped.resident_pages:
             self.monitored_share = mapped.monitored_pages / mapped.resident_pages
         return mapped.snapshot
