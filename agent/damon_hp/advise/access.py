@@ -114,19 +114,30 @@ class AccessTally:
             return 0.0
         return sum(self.ranges[s].samples for s in set(starts) if s in self.ranges) / total
 
-    def per_mapping(self, limits: Sequence[AddrRange]) -> dict[int, tuple[int, int]]:
-        """mapping start -> (monitored bytes, accessed bytes) of the ranges starting in it."""
+    def per_mapping(self, limits: Sequence[AddrRange]) -> dict[int, MappingAccess]:
+        """mapping start -> what was seen of the ranges starting in it."""
         keys = sorted(self.ranges)
-        out: dict[int, tuple[int, int]] = {}
+        total = self.total_samples
+        out: dict[int, MappingAccess] = {}
         for lim in limits:
             mon = acc = 0
+            samples = 0.0
             for start in keys[bisect_left(keys, align_down(lim.start)):bisect_left(keys, lim.end)]:
                 t = self.ranges[start]
                 mon += t.monitored_pages * PAGE_BYTES
+                samples += t.samples
                 if t.accessed_over_watch:
                     acc += t.monitored_pages * PAGE_BYTES
-            out[lim.start] = (mon, acc)
+            out[lim.start] = MappingAccess(mon, acc, samples / total if total > 0 else None)
         return out
+
+
+@dataclass(frozen=True)
+class MappingAccess:
+    monitored_bytes: int
+    accessed_bytes: int
+    samples_share: float | None
+    """share of all the process's sampled accesses that fell in this mapping"""
 
 def top_share(weights: Sequence[float], fraction: float) -> float | None:
     """Share of the total weight held by the heaviest `fraction` of the items (at least one);

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from damon_hp.advise.access import AccessSummary
+from damon_hp.advise.access import AccessSummary, MappingAccess
 from damon_hp.advise.choices import Choice
 from damon_hp.advise.growth import KIND_LABELS, Growth
 from damon_hp.advise.hazards import Facts, Hazard
@@ -30,8 +30,8 @@ class Advice:
     facts: Facts
     hazards: list[Hazard]
     notes: list[str] = field(default_factory=list)
-    mappings_access: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """mapping start -> (monitored bytes, accessed bytes) over the watch"""
+    mappings_access: dict[int, MappingAccess] = field(default_factory=dict)
+    """mapping start -> what the source saw of it over the watch"""
 
     @property
     def verdict(self) -> str:
@@ -40,8 +40,9 @@ class Advice:
     def to_dict(self) -> dict[str, Any]:
         g = self.growth.to_dict()
         for m in g["mappings"]:  # type: ignore[union-attr]
-            mon, acc = self.mappings_access.get(m["start"], (0, 0))
-            m["monitored_bytes"], m["accessed_bytes"] = mon, acc
+            seen = self.mappings_access.get(m["start"])  # type: ignore[index]
+            m.update(seen.__dict__ if seen else  # type: ignore[union-attr]
+                     {"monitored_bytes": 0, "accessed_bytes": 0, "samples_share": None})
         return {"pid": self.pid, "command": self.command, "seconds": self.seconds,
                 "source": self.source, "verdict": self.verdict, "memory": g,
                 "access": self.access.to_dict(),
@@ -66,7 +67,7 @@ def verdict(a: Advice) -> str:
         return (f"THP is off for this process (prctl): nothing gives it huge pages until it "
                 f"allows them; if it did, THP-always would add {_mib(g.added_bytes)} "
                 f"({g.added_pct:.1f} % of RSS).")
-    cost = f"{_mib(g.added_bytes)} (+{g.added_pct:.1f} % of RSS)"
+    cost = f"{_mib(g.added_bytes)} (+{g.added_pct:.1f} % of RSS)" + _where(a)
     if always.access_share is None:
         return (f"THP-always would add {cost}; the access source saw no access of this process "
                 "in the watch, so which memory would pay off is unknown: watch longer "
@@ -88,6 +89,23 @@ def verdict(a: Advice) -> str:
             "hot ranges.")
 
 
+def _where(a: Advice) -> str:
+    """", most of it in NAME at ADDR (which took N % of the accesses)" when one mapping holds
+    most of the growth: the place to act on."""
+    g = a.growth
+    if g.added_bytes <= 0 or not g.mappings:
+        return ""
+    worst = max(g.mappings, key=lambda m: m.always_added_bytes if a.growth.kinds[m.kind].counted
+                else 0)
+    if 2 * worst.always_added_bytes < g.added_bytes:
+        return ""
+    seen = a.mappings_access.get(worst.start)
+    took = (f", which took {_pct(seen.samples_share)} of the accesses"
+            if seen and seen.samples_share is not None else "")
+    return (f", {_mib(worst.always_added_bytes)} of it in {worst.name} at {worst.start:#x} "
+            f"({_mib(worst.rss_bytes)} resident{took})")
+
+
 def format_text(a: Advice, top: int = 8) -> str:
     g, s = a.growth, a.access
     cmd = " ".join(a.command)[:60]
@@ -105,10 +123,14 @@ def format_text(a: Advice, top: int = 8) -> str:
                      f"  {'yes' if k.counted else 'no: ' + k.why}")
     lines.append("  largest mappings:")
     for m in g.largest(top):
-        mon, acc = a.mappings_access.get(m.start, (0, 0))
-        seen = f", accessed {_mib(acc)} of {_mib(mon)} seen" if mon else ""
+        if m.rss_bytes < MIB and m.always_added_bytes < MIB:
+            continue
+        seen = a.mappings_access.get(m.start)
+        saw = (f"; accessed {_mib(seen.accessed_bytes)} of {_mib(seen.monitored_bytes)} seen, "
+               f"{_pct(seen.samples_share)} of the accesses"
+               if seen and seen.monitored_bytes else "")
         lines.append(f"    {m.name[:28]:<28} {m.start:#x} {_mib(m.rss_bytes):>10} RSS, "
-                     f"+{_mib(m.always_added_bytes)} always{seen}")
+                     f"+{_mib(m.always_added_bytes)} always{saw}")
     lines.append(f"  RSS today {_mib(g.rss_bytes)}, under THP-always {_mib(g.rss_always_bytes)}:"
                  f" +{_mib(g.added_bytes)} (+{g.added_pct:.1f} %)")
     lines += ["", f"What the access source saw ({s.snapshots} aggregations)"]
