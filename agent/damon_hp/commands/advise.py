@@ -148,7 +148,11 @@ def _advise_command(argv: list[str], args: argparse.Namespace, stop: StopOnSigna
 
     def release() -> None:
         nonlocal released
-        child.release()
+        try:
+            child.release()
+        except EnvironmentProblem as e:  # said as `run` says it
+            raise EnvironmentProblem(str(e).replace("damon-hp run:", "damon-hp advise:")) \
+                from None
         released = True
 
     try:
