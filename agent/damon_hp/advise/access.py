@@ -154,6 +154,10 @@ class AccessSummary:
     snapshots: int
     monitored_bytes: int
     accessed_bytes: int
+    """in ranges that read accessed in at least half the aggregations (the steady working set)"""
+    accessed_any_bytes: int
+    """in ranges that read accessed in any aggregation (an upper bound: physical sources add
+    cold ranges beside busy frames)"""
     ranges: int
     top10_share: float | None
     top50_share: float | None
@@ -173,7 +177,9 @@ def summarize(tally: AccessTally) -> AccessSummary:
     weights = [t.samples for t in ranges]
     mon = sum(t.monitored_pages for t in ranges) * PAGE_BYTES
     acc = sum(t.monitored_pages for t in ranges if t.accessed_over_watch) * PAGE_BYTES
+    once = sum(t.monitored_pages for t in ranges if t.accessed) * PAGE_BYTES
     return AccessSummary(
-        snapshots=tally.snapshots, monitored_bytes=mon, accessed_bytes=acc, ranges=len(ranges),
+        snapshots=tally.snapshots, monitored_bytes=mon, accessed_bytes=acc,
+        accessed_any_bytes=once, ranges=len(ranges),
         top10_share=top_share(weights, 0.10), top50_share=top_share(weights, 0.50),
         monitored_share=min(tally.monitored_shares) if tally.monitored_shares else None)

@@ -141,7 +141,9 @@ class Growth:
         return 100.0 * self.added_bytes / self.rss_bytes if self.rss_bytes else 0.0
 
     def largest(self, n: int) -> list[MappingGrowth]:
-        return sorted(self.mappings, key=lambda m: (-m.rss_bytes, m.start))[:n]
+        """The n mappings that would be largest under THP-always (RSS + growth)."""
+        return sorted(self.mappings,
+                      key=lambda m: (-(m.rss_bytes + m.always_added_bytes), m.start))[:n]
 
     def to_dict(self) -> dict[str, object]:
         return {"rss_bytes": self.rss_bytes, "rss_always_bytes": self.rss_always_bytes,

@@ -82,11 +82,11 @@ def verdict(a: Advice) -> str:
                 f"{_pct(damon.access_share)} of the sampled accesses on huge pages (THP-always "
                 f"{_pct(always.access_share)}) for {_mib(damon.added_bytes)} more memory: "
                 f"damon-hp attach {a.pid}.")
-    return (f"THP-always would add {cost} for {_pct(always.access_share)} of the sampled "
-            f"accesses on huge pages; damon-hp's rule would reach {_pct(damon.access_share)} "
-            f"in this watch for {_mib(damon.added_bytes)}: keep THP off for it (or madvise) "
-            "unless the memory is cheaper than the TLB misses; a longer watch may find more "
-            "hot ranges.")
+    return (f"THP-always would put {_pct(always.access_share)} of the sampled accesses on huge "
+            f"pages but add {cost}; damon-hp's rule reached {_pct(damon.access_share)} in this "
+            f"{a.seconds:.0f}-s watch for {_mib(damon.added_bytes)} more. Keep THP-always off "
+            f"for it (THP madvise, or damon-hp attach {a.pid}) unless {_mib(g.added_bytes)} "
+            "cost less than its TLB misses; a longer watch finds more hot ranges.")
 
 
 def _where(a: Advice) -> str:
@@ -100,7 +100,7 @@ def _where(a: Advice) -> str:
     if 2 * worst.always_added_bytes < g.added_bytes:
         return ""
     seen = a.mappings_access.get(worst.start)
-    took = (f", which took {_pct(seen.samples_share)} of the accesses"
+    took = (f", {_pct(seen.samples_share)} of the accesses"
             if seen and seen.samples_share is not None else "")
     return (f", {_mib(worst.always_added_bytes)} of it in {worst.name} at {worst.start:#x} "
             f"({_mib(worst.rss_bytes)} resident{took})")
@@ -136,8 +136,9 @@ def format_text(a: Advice, top: int = 8) -> str:
     lines += ["", f"What the access source saw ({s.snapshots} aggregations)"]
     if s.snapshots:
         lines.append(f"  accessed: {_mib(s.accessed_bytes)} of {_mib(s.monitored_bytes)} seen "
-                     f"({_pct(s.accessed_share)}; a 2 MiB range counts when at least half its "
-                     "pages read accessed in at least half the aggregations)")
+                     f"({_pct(s.accessed_share)}) in at least half the aggregations, "
+                     f"{_mib(s.accessed_any_bytes)} in any (a 2 MiB range reads accessed when "
+                     "half its pages sit in regions DAMON saw accessed)")
         lines.append(f"  skew at 2 MiB: the hottest 10 % of ranges took {_pct(s.top10_share)} "
                      f"of the sampled accesses, the hottest 50 % {_pct(s.top50_share)}")
         if s.monitored_share is not None:
