@@ -148,10 +148,12 @@ def test_advise_on_a_sparse_heap_matches_the_shim_tells_hot_from_cold_and_change
            f"({h['samples_share']:.0%} of the accesses), cold {cold_acc:.0%} "
            f"({c['samples_share']:.0%}); {report['access']}")
     print(why)
-    # Physics bounds the rest (frames mixed in the kdamond's regions, a loaded host): a broken
-    # reverse map or tally reads both alike or neither.
-    assert hot_acc >= 0.2 and hot_acc >= 3 * cold_acc, why
-    assert hot_density >= 1.5 * cold_density, why  # 2.6x at load 10, 26x at load 6
+    # Physics bounds the rest: the kdamond's physical regions (~650 over all it watches) mix
+    # hotcold's hot and cold frames, more so on a loaded host. Seen at load 6-12 (2026-11-25):
+    # hot 36-100 % accessed vs cold 0.2-34 %; per byte, hot drew 2.6-26x the cold's sampled
+    # accesses. A broken reverse map or tally reads both alike, or neither.
+    assert hot_acc >= 0.2 and hot_acc >= cold_acc + 0.2, why
+    assert hot_density >= 1.5 * cold_density, why
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
