@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from damon_hp import procfs
 from damon_hp.experiment import arms
-from foreign_view import foreign_intervals, watched_share
+from foreign_view import accessed_shares, foreign_intervals
 from leftovers import damon_read, instances_of, kdamond_states, session_members, sysfs_tree
 from thp_settings import thp_settings
 
@@ -92,20 +92,28 @@ def test_advise_on_a_sparse_heap_matches_the_shim_tells_hot_from_cold_and_change
     p, first = start_hotcold()
     try:
         pid, hot, cold, sparse = first["pid"], first["hot"], first["cold"], first["sparse"]
+        p.stdout.readline()  # type: ignore[union-attr]  # a progress line: its threads run
         mem_before = memory_of(pid)
         t0 = time.monotonic()
-        adv = subprocess.run(read_only_damon([DAMON_HP, "advise", "--json", "--seconds", "25",
-                                              str(pid)]),
-                             capture_output=True, text=True, timeout=120)
+        adv = subprocess.Popen(read_only_damon([DAMON_HP, "advise", "--json", "--seconds", "25",
+                                                str(pid)]),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # What the kdamond itself shows of both buffers while advise watches (page by page,
+            # from its own events and the pagemap: no damon-hp code in between).
+            (seen_hot, kd_hot), (_, kd_cold) = accessed_shares(
+                pid, [(hot["start"], hot["end"]), (cold["start"], cold["end"])],
+                int(damon_read(kd / "pid")), aggregations=3, **foreign_intervals(kd))
+            stdout, stderr = adv.communicate(timeout=120)
+        finally:
+            stop(adv)
         took = time.monotonic() - t0
-        assert adv.returncode == 0, adv.stderr
+        assert adv.returncode == 0, stderr
         mem_after = memory_of(pid)
-        seen_hot = watched_share(pid, hot["start"], hot["end"], int(damon_read(kd / "pid")),
-                                 **foreign_intervals(kd))
     finally:
         stop(p)
-    report = json.loads(adv.stdout)
-    assert "watching pid" in adv.stderr and "25 s" in adv.stderr  # the progress line: how long
+    report = json.loads(stdout)
+    assert "watching pid" in stderr and "25 s" in stderr  # the progress line: how long
     assert report["source"]["name"] == "passive"
 
     # Nothing changed: the target, the THP settings, the foreign kdamond, nothing left.
@@ -135,25 +143,30 @@ def test_advise_on_a_sparse_heap_matches_the_shim_tells_hot_from_cold_and_change
     assert abs(estimate - shim) <= 0.05 * shim, why
     assert abs(report["memory"]["rss_always_bytes"] - shim_rss) <= 0.05 * shim_rss, why
 
-    # Hot read as accessed, cold not, on the part of each the kdamond sees.
+    # Hot read as accessed, cold not, as far as the kdamond itself tells them apart.
     h, c = by_start(report, hot["start"]), by_start(report, cold["start"])
     assert seen_hot >= 0.05, (f"the foreign kdamond sees {seen_hot:.1%} of the hot buffer: "
-                              "no access picture to judge here")
-    assert h["monitored_bytes"] > 0 and c["monitored_bytes"] > 0, (h, c)
-    hot_acc = h["accessed_bytes"] / h["monitored_bytes"]
-    cold_acc = c["accessed_bytes"] / c["monitored_bytes"]
-    hot_density = h["samples_share"] / h["monitored_bytes"]
-    cold_density = c["samples_share"] / c["monitored_bytes"]
-    why = (f"kdamond sees {seen_hot:.0%} of the hot buffer; advise: hot {hot_acc:.0%} accessed "
-           f"({h['samples_share']:.0%} of the accesses), cold {cold_acc:.0%} "
-           f"({c['samples_share']:.0%}); {report['access']}")
+                              "no access picture to judge advise by here")
+    a_hot, a_cold = h["accessed_page_share"], c["accessed_page_share"]
+    assert a_hot is not None and a_cold is not None, (h, c)
+    why = (f"kdamond: {seen_hot:.0%} of the hot buffer watched, hot {kd_hot:.0%} / cold "
+           f"{kd_cold:.0%} of pages in accessed regions; advise: hot {a_hot:.0%} / cold "
+           f"{a_cold:.0%} ({h['samples_share']:.0%} / {c['samples_share']:.0%} of the "
+           f"accesses, {h['accessed_bytes'] >> 20} / {c['accessed_bytes'] >> 20} MiB accessed "
+           f"in half the aggregations); {report['access']}")
     print(why)
-    # Physics bounds the rest: the kdamond's physical regions (~650 over all it watches) mix
-    # hotcold's hot and cold frames, more so on a loaded host. Seen at load 6-12 (2026-11-25):
-    # hot 36-100 % accessed vs cold 0.2-34 %; per byte, hot drew 2.6-26x the cold's sampled
-    # accesses. A broken reverse map or tally reads both alike, or neither.
-    assert hot_acc >= 0.2 and hot_acc >= cold_acc + 0.2, why
-    assert hot_density >= 1.5 * cold_density, why
+    # advise reports what the kdamond shows (a broken reverse map or tally would not) ...
+    assert abs(a_hot - kd_hot) <= 0.25 and abs(a_cold - kd_cold) <= 0.25, why
+    # ... and where the kdamond tells hot from cold, so does advise. Whether it does is physics:
+    # its ~700 physical regions mix hotcold's frames with each other's and other processes'
+    # (seen 2026-11-25 at load 10: hot 31-35 % vs cold 14-22 %; at load 6: 74-95 % vs 13-28 %).
+    if kd_hot >= kd_cold + 0.2:
+        assert a_hot >= a_cold + 0.1, why
+        assert h["accessed_bytes"] / h["monitored_bytes"] \
+            > c["accessed_bytes"] / c["monitored_bytes"], why
+    else:
+        print("the foreign kdamond did not tell the hot buffer from the cold one in this run: "
+              "only advise's agreement with it was checked")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

@@ -76,6 +76,9 @@ class RangeTally:
     samples: float = 0.0
     monitored_pages: int = 0
     """the most pages of it the source saw in one snapshot"""
+    monitored_sum: int = 0
+    accessed_sum: int = 0
+    """pages seen, and seen in accessed regions, summed over the snapshots"""
 
     @property
     def accessed_over_watch(self) -> bool:
@@ -102,6 +105,8 @@ class AccessTally:
             t.accessed += rd.accessed
             t.samples += rd.samples
             t.monitored_pages = max(t.monitored_pages, rd.monitored_pages)
+            t.monitored_sum += rd.monitored_pages
+            t.accessed_sum += rd.accessed_pages
 
     @property
     def total_samples(self) -> float:
@@ -120,15 +125,18 @@ class AccessTally:
         total = self.total_samples
         out: dict[int, MappingAccess] = {}
         for lim in limits:
-            mon = acc = 0
+            mon = acc = mon_sum = acc_sum = 0
             samples = 0.0
             for start in keys[bisect_left(keys, align_down(lim.start)):bisect_left(keys, lim.end)]:
                 t = self.ranges[start]
                 mon += t.monitored_pages * PAGE_BYTES
                 samples += t.samples
+                mon_sum += t.monitored_sum
+                acc_sum += t.accessed_sum
                 if t.accessed_over_watch:
                     acc += t.monitored_pages * PAGE_BYTES
-            out[lim.start] = MappingAccess(mon, acc, samples / total if total > 0 else None)
+            out[lim.start] = MappingAccess(mon, acc, samples / total if total > 0 else None,
+                                           acc_sum / mon_sum if mon_sum else None)
         return out
 
 
@@ -138,6 +146,9 @@ class MappingAccess:
     accessed_bytes: int
     samples_share: float | None
     """share of all the process's sampled accesses that fell in this mapping"""
+    accessed_page_share: float | None = None
+    """share of its seen pages that sat in accessed regions, over all snapshots (page by page,
+    no 2 MiB rule: what the kdamond itself shows of it)"""
 
 def top_share(weights: Sequence[float], fraction: float) -> float | None:
     """Share of the total weight held by the heaviest `fraction` of the items (at least one);

@@ -42,7 +42,8 @@ class Advice:
         for m in g["mappings"]:  # type: ignore[union-attr]
             seen = self.mappings_access.get(m["start"])  # type: ignore[index]
             m.update(seen.__dict__ if seen else  # type: ignore[union-attr]
-                     {"monitored_bytes": 0, "accessed_bytes": 0, "samples_share": None})
+                     {"monitored_bytes": 0, "accessed_bytes": 0, "samples_share": None,
+                      "accessed_page_share": None})
         return {"pid": self.pid, "command": self.command, "seconds": self.seconds,
                 "source": self.source, "verdict": self.verdict, "memory": g,
                 "access": self.access.to_dict(),
