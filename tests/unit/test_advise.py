@@ -202,8 +202,8 @@ def advice(added: int, rss: int, always_share: float | None, damon_share: float 
            **kw: object) -> verdict.Advice:
     g = growth.Growth(rss, 511, {k: growth.KindGrowth(k) for k in growth.KINDS}, [])
     g.kinds[growth.ANON].always_added_bytes = added
-    cs = [choices.Choice("THP-always", 0, added, always_share),
-          choices.Choice("everywhere-collapse", 0, added, always_share),
+    cs = [choices.Choice("THP-always", H, added, always_share),
+          choices.Choice("everywhere-collapse", H, added, always_share),
           choices.Choice("damon-hp", 0, 0, damon_share)]
     s = access.summarize(access.AccessTally())
     return verdict.Advice(1, ["x"], 30, {"name": "passive"}, g, s, cs, facts(**kw), [])
@@ -217,6 +217,10 @@ def test_verdicts() -> None:
     assert "THP is off for this process" in advice(gib // 2, gib, 0.9, 0.9,
                                                    thp_disabled_by_process=True).verdict
     assert "saw no access" in advice(gib // 2, gib, None, None).verdict
+    assert "changes little" in advice(gib // 100, gib, 0.05, 0.0).verdict
+    nothing = advice(0, gib, 0.0, 0.0)
+    nothing.choices[0] = choices.Choice("THP-always", 0, 0, 0.0)
+    assert "would change nothing" in nothing.verdict
 
 
 def test_the_report_carries_every_number_in_json_and_a_verdict_in_text() -> None:

@@ -16,6 +16,8 @@ CHEAP_PCT = 5.0
 # damon-hp "keeps" THP-always's benefit when its huge ranges take this share of the accesses
 # THP-always's do.
 KEEPS = 0.8
+# ... and gains little where fewer of the sampled accesses than this land on its huge pages.
+LITTLE = 0.1
 
 
 @dataclass
@@ -67,12 +69,19 @@ def verdict(a: Advice) -> str:
     if a.facts.thp_disabled_by_process:
         return (f"THP is off for this process (prctl): nothing gives it huge pages until it "
                 f"allows them; if it did, THP-always would add {_mib(g.added_bytes)} "
-                f"({g.added_pct:.1f} % of RSS).")
+                f"(+{g.added_pct:.1f} % of RSS).")
     cost = f"{_mib(g.added_bytes)} (+{g.added_pct:.1f} % of RSS)" + _where(a)
+    if always.huge_bytes == 0:
+        return ("THP would change nothing for this process: none of its memory lies in a "
+                "2 MiB-aligned range inside one mapping, where a huge page could go.")
     if always.access_share is None:
         return (f"THP-always would add {cost}; the access source saw no access of this process "
                 "in the watch, so which memory would pay off is unknown: watch longer "
                 "(--seconds) while it works.")
+    if g.added_pct <= CHEAP_PCT and always.access_share < LITTLE:
+        return (f"THP-always changes little here: it would add {cost} but only "
+                f"{_pct(always.access_share)} of the sampled accesses fell where it puts huge "
+                "pages; no reason to turn it on for this process.")
     if g.added_pct <= CHEAP_PCT:
         return (f"THP-always is cheap here: it would add {cost} and put "
                 f"{_pct(always.access_share)} of the sampled accesses on huge pages; let the "

@@ -49,8 +49,13 @@ class Interrupted(Exception):
     """A stop signal arrived while waiting for an aggregation."""
 
 
+class DeadlineReached(Exception):
+    """The watch's time ran out while waiting for an aggregation (SIGALRM)."""
+
+
 class StopOnSignal:
-    """The first stop signal sets `signum`, and raises Interrupted while `armed`."""
+    """The first stop signal sets `signum`, and raises Interrupted while `armed`; SIGALRM
+    (`wait_until`) raises DeadlineReached while armed."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -58,6 +63,11 @@ class StopOnSignal:
         self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGALRM:
+            if self.armed:
+                self.armed = False
+                raise DeadlineReached
+            return
         if self.signum is None:
             self.signum = signum
             if self.armed:
@@ -65,9 +75,18 @@ class StopOnSignal:
                 raise Interrupted
 
     def install(self) -> StopOnSignal:
-        for sig in STOP_SIGNALS:
+        for sig in (*STOP_SIGNALS, signal.SIGALRM):
             self._old[sig] = signal.signal(sig, self._handler)
         return self
+
+    def wait_until(self, deadline: float) -> None:
+        """Interrupt the next wait (DeadlineReached) at `deadline` (time.monotonic())."""
+        self.armed = True
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, deadline - time.monotonic()))
+
+    def disarm(self) -> None:
+        self.armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
     def restore(self) -> None:
         for sig, old in self._old.items():
@@ -119,16 +138,18 @@ def watch(pid: int, alive: Callable[[float], bool], request: SourceRequest,
             if not alive(0):
                 out.stopped_by = "target exit"
                 break
+            # The source waits up to two aggregations for one; the watch ends on time: a slow
+            # kdamond (a loaded host) held a 30-s watch for 57 s before this.
             try:
-                stop.armed = True
+                stop.wait_until(deadline)
                 snap = source.snapshot()
             except KdamondStopped:
                 out.stopped_by = "kdamond stopped"
                 break
-            except Interrupted:
+            except (Interrupted, DeadlineReached):
                 break
             finally:
-                stop.armed = False
+                stop.disarm()
             if snap is None:
                 out.withheld = getattr(source, "populating_snapshots", 0)
                 continue
