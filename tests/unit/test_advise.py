@@ -108,6 +108,15 @@ def test_readings_split_regions_at_2mib_and_weigh_samples_by_pages() -> None:
     assert not rd[BASE + 3 * H].accessed and rd[BASE + 3 * H].samples == 0
 
 
+def test_readings_of_a_vaddr_snapshot_count_only_mapped_memory() -> None:
+    # one region over two mappings and the gap between them
+    s = snap(0, [(BASE, BASE + 8 * H, 10)])
+    mapped = [AddrRange(BASE, BASE + H), AddrRange(BASE + 6 * H, BASE + 6 * H + H // 2)]
+    rd = access.readings_from_snapshot(s, mapped)
+    assert sorted(rd) == [BASE, BASE + 6 * H]
+    assert rd[BASE + 6 * H].monitored_pages == 256
+
+
 def test_a_range_counts_as_accessed_when_it_read_so_in_half_the_snapshots() -> None:
     tally = access.AccessTally()
     flicker = [BASE + H]

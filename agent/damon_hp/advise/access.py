@@ -37,21 +37,38 @@ class Reading:
         return self.monitored_pages > 0 and 2 * self.accessed_pages >= self.monitored_pages
 
 
-def readings_from_snapshot(snap: Snapshot) -> dict[int, Reading]:
-    """Per 2 MiB range, from a virtual-address snapshot (a vaddr kdamond's regions)."""
+def readings_from_snapshot(snap: Snapshot,
+                           mapped: Sequence[AddrRange] | None = None) -> dict[int, Reading]:
+    """Per 2 MiB range, from a virtual-address snapshot (a vaddr kdamond's regions), counting
+    only the parts inside `mapped` (sorted, disjoint; None: all). A vaddr kdamond's regions
+    span the gaps between a process's mappings too."""
     out: dict[int, Reading] = {}
     top = snap.max_nr_accesses
     for r in snap.regions:
-        start = align_down(r.start)
-        while start < r.end:
-            lo, hi = max(start, r.start), min(start + HUGE_PAGE_BYTES, r.end)
-            pages = (hi - lo) // PAGE_BYTES
-            rd = out.setdefault(start, Reading())
-            rd.monitored_pages += pages
-            if r.nr_accesses > 0:
-                rd.accessed_pages += pages
-                rd.samples += pages * min(r.nr_accesses, top) / top
-            start += HUGE_PAGE_BYTES
+        for lo, hi in _clip(r.start, r.end, mapped):
+            start = align_down(lo)
+            while start < hi:
+                a, b = max(start, lo), min(start + HUGE_PAGE_BYTES, hi)
+                pages = (b - a) // PAGE_BYTES
+                rd = out.setdefault(start, Reading())
+                rd.monitored_pages += pages
+                if r.nr_accesses > 0:
+                    rd.accessed_pages += pages
+                    rd.samples += pages * min(r.nr_accesses, top) / top
+                start += HUGE_PAGE_BYTES
+    return out
+
+
+def _clip(lo: int, hi: int, mapped: Sequence[AddrRange] | None) -> list[tuple[int, int]]:
+    if mapped is None:
+        return [(lo, hi)]
+    out = []
+    for m in mapped[max(0, bisect_left(mapped, lo, key=lambda m: m.end)):]:
+        if m.start >= hi:
+            break
+        a, b = max(lo, m.start), min(hi, m.end)
+        if b > a:
+            out.append((a, b))
     return out
 
 

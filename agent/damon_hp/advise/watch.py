@@ -17,7 +17,7 @@ from typing import Any
 
 from damon_hp import procfs
 from damon_hp.advise.access import AccessTally, readings_from_revmap, readings_from_snapshot
-from damon_hp.advise.growth import Growth, KindRules, measure
+from damon_hp.advise.growth import Growth, KindRules, kind_of, measure
 from damon_hp.damon import KdamondStopped
 from damon_hp.damon.model import Intervals, Snapshot
 from damon_hp.damon.sources import MonitorSettings, SourceRequest, open_source
@@ -133,7 +133,8 @@ def watch(pid: int, alive: Callable[[float], bool], request: SourceRequest,
             f"{info['name']} source, {info['kdamond']}; nothing is changed")
         started = time.monotonic()
         deadline = started + seconds
-        next_measure = 0.0
+        _measure(pid, out, rules)  # a process that exits before its first aggregation
+        next_measure = started + MEASURE_EVERY_S
         while stop.signum is None and time.monotonic() < deadline:
             if not alive(0):
                 out.stopped_by = "target exit"
@@ -154,8 +155,15 @@ def watch(pid: int, alive: Callable[[float], bool], request: SourceRequest,
                 out.withheld = getattr(source, "populating_snapshots", 0)
                 continue
             mapped = getattr(source, "last_mapped", None)
-            readings = (readings_from_revmap(mapped) if mapped is not None
-                        else readings_from_snapshot(snap))
+            if mapped is not None:
+                readings = readings_from_revmap(mapped)
+            else:
+                try:
+                    maps = sorted(m.range for m in procfs.read_maps(pid) if kind_of(m))
+                except procfs.ProcessGone:
+                    out.stopped_by = "target exit"
+                    break
+                readings = readings_from_snapshot(snap, maps)
             out.snapshots.append(snap)
             out.tally.add(readings, getattr(source, "monitored_share", None))
             now = time.monotonic()
