@@ -24,10 +24,11 @@ from damon_hp.damon.sources import MonitorSettings, SourceRequest, open_source
 from damon_hp.options import AGGR_US, SAMPLE_US, UPDATE_US
 from damon_hp.signals import STOP_SIGNALS
 
-# Enough aggregations for damon-hp's rule to see a range hot three times in a row (the streak a
-# physical source needs, agent.REVERSE_MAPPED_MIN_SNAPSHOTS) twice over, and for "accessed in
-# at least half the aggregations" to mean something; at least 10 s, at most 2 minutes.
-DEFAULT_AGGREGATIONS = 6
+# Enough aggregations for a usable picture: a physical source withholds its first one (it cannot
+# yet tell whether the process is faulting memory in: sources.populating), damon-hp's rule needs
+# a range hot in 3 in a row (agent.REVERSE_MAPPED_MIN_SNAPSHOTS) before it would collapse it,
+# and "accessed in at least half the aggregations" wants several. At least 10 s, at most 2 min.
+DEFAULT_AGGREGATIONS = 7
 MIN_DEFAULT_S = 10.0
 MAX_DEFAULT_S = 120.0
 # The page-table estimate is re-read at most this often (smaps walks the page table).
@@ -38,8 +39,8 @@ def default_seconds(aggr_us: int) -> tuple[float, str]:
     aggr_s = aggr_us / 1e6
     want = DEFAULT_AGGREGATIONS * aggr_s
     secs = min(MAX_DEFAULT_S, max(MIN_DEFAULT_S, want))
-    why = (f"{DEFAULT_AGGREGATIONS} aggregations of {aggr_s:g} s, enough for damon-hp's rule "
-           "to see a range hot 3 times in a row twice over")
+    why = (f"{DEFAULT_AGGREGATIONS} aggregations of {aggr_s:g} s: the first is not used, "
+           "damon-hp's rule wants a range hot in 3 in a row")
     if secs != want:
         why += f" ({'at least' if secs > want else 'at most'} {secs:g} s)"
     return secs, why

@@ -47,7 +47,7 @@ def _seconds(text: str) -> float:
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=_seconds, default=None, metavar="N",
-                        help="how long to watch (default: 6 aggregations of the access "
+                        help="how long to watch (default: 7 aggregations of the access "
                         "source, at least 10 s and at most 120 s; said in the first line)")
     parser.add_argument("--json", action="store_true",
                         help="print every number as one JSON object on stdout instead of the "
@@ -189,8 +189,9 @@ def _report(pid: int, command: list[str], seen: Watched, rules: growth.KindRules
     found = hazards.judge(facts, pid, g.added_bytes, new_huge)
     notes = list(seen.notes)
     if seen.withheld:
-        notes.append(f"{seen.withheld} aggregation(s) not used: the process was faulting "
-                     "memory in (its fresh pages read as accessed)")
+        notes.append(f"{seen.withheld} aggregation(s) not used: a physical source withholds "
+                     "its first one and any in which the process faulted in more than 2 % "
+                     "(8 MiB at least) of its memory (fresh pages read as accessed)")
     if seen.stopped_by != "time":
         notes.append(f"the watch ended early: {seen.stopped_by}")
     if seen.source.get("name") in ("passive", "paddr"):
