@@ -32,6 +32,9 @@ class Advice:
     facts: Facts
     hazards: list[Hazard]
     notes: list[str] = field(default_factory=list)
+    withheld: int = 0
+    """aggregations the source did not hand over (see watch.py)"""
+    stopped_by: str = "time"
     mappings_access: dict[int, MappingAccess] = field(default_factory=dict)
     """mapping start -> what the source saw of it over the watch"""
 
@@ -47,6 +50,7 @@ class Advice:
                      {"monitored_bytes": 0, "accessed_bytes": 0, "samples_share": None,
                       "accessed_page_share": None})
         return {"pid": self.pid, "command": self.command, "seconds": self.seconds,
+                "stopped_by": self.stopped_by, "withheld_aggregations": self.withheld,
                 "source": self.source, "verdict": self.verdict, "memory": g,
                 "access": self.access.to_dict(),
                 "choices": [c.to_dict() for c in self.choices],

@@ -32,7 +32,7 @@ from damon_hp.commands.attach import open_target
 from damon_hp.commands.run import HeldChild
 from damon_hp.damon.sources import SourceRequest, parse_source
 from damon_hp.errors import DamonHpError, EnvironmentProblem
-from damon_hp.ranges import AddrRange
+from damon_hp.ranges import HUGE_PAGE_BYTES, PAGES_PER_HUGE, AddrRange
 
 
 def _seconds(text: str) -> float:
@@ -139,7 +139,7 @@ def _advise_pid(target: actuate.Target, args: argparse.Namespace, stop: StopOnSi
         return 1
     finally:
         target.close()
-    return _report(target.pid, command, seen, rules, args, stop)
+    return _emit(_advice(target.pid, command, seen, rules), target.pid, seen, args, stop)
 
 
 def _advise_command(argv: list[str], args: argparse.Namespace, stop: StopOnSignal) -> int:
@@ -155,10 +155,12 @@ def _advise_command(argv: list[str], args: argparse.Namespace, stop: StopOnSigna
                 from None
         released = True
 
+    advice = None
     try:
         rules = growth.read_kind_rules()
         seen = watch(child.pid, lambda t: not child.wait(t), args.source, args.seconds,
                      stop, rules, _say(args), after_open=release)
+        advice = _advice(child.pid, argv, seen, rules)  # while the command lives (its memcg)
     except DamonHpError as e:
         print(e, file=sys.stderr)
         return e.exit_code
@@ -167,25 +169,26 @@ def _advise_command(argv: list[str], args: argparse.Namespace, stop: StopOnSigna
             child.abort()
         else:
             child.terminate(stop.signum or signal.SIGTERM)
-    return _report(child.pid, argv, seen, rules, args, stop)
+    return _emit(advice, child.pid, seen, args, stop)
 
 
-def _report(pid: int, command: list[str], seen: Watched, rules: growth.KindRules,
-            args: argparse.Namespace, stop: StopOnSignal) -> int:
+def _advice(pid: int, command: list[str], seen: Watched,
+            rules: growth.KindRules) -> verdict.Advice | None:
+    """Everything the report says, from the watch and a last look at the machine; None when
+    the process's memory was never read."""
     g, status = seen.growth, seen.status
     if g is None or status is None:
-        print(f"damon-hp advise: process {pid} exited before its memory could be read "
-              f"({seen.stopped_by}); nothing to report", file=sys.stderr)
-        return 130 if stop.signum is not None else 1
+        return None
     anon = [AddrRange(m.start, m.end) for m in g.mappings if m.kind == growth.ANON]
-    resident = {s: r for s, r in g.always_resident.items()}
+    resident = g.always_resident
     made = choices.dry_run_policy(seen.snapshots, anon, resident, seen.source.get("name", ""))
     compared = choices.compare(g, seen.tally, resident, made,
                                shmem_collapsible=rules.shmem)
     shmem_rss = g.kinds[growth.SHMEM].rss_bytes
     facts = hazards.read_facts(pid, status, shmem_rss)
-    new_huge = sum(growth.PAGES_PER_HUGE > r for r in g.always_resident.values()) \
-        * growth.HUGE_PAGE_BYTES
+    # huge pages THP-always would need that the process does not hold (at least: a range
+    # resident in full on 4 KiB pages needs one too)
+    new_huge = sum(r < PAGES_PER_HUGE for r in resident.values()) * HUGE_PAGE_BYTES
     found = hazards.judge(facts, pid, g.added_bytes, new_huge)
     notes = list(seen.notes)
     if seen.withheld:
@@ -197,16 +200,23 @@ def _report(pid: int, command: list[str], seen: Watched, rules: growth.KindRules
     if seen.source.get("name") in ("passive", "paddr"):
         notes.append("the access picture covers private anonymous memory only (the reverse "
                      "map reads those mappings' frames)")
-    advice = verdict.Advice(
+    return verdict.Advice(
         pid=pid, command=command, seconds=seen.seconds, source=seen.source, growth=g,
         access=access.summarize(seen.tally), choices=compared, facts=facts, hazards=found,
-        notes=notes,
+        notes=notes, withheld=seen.withheld, stopped_by=seen.stopped_by,
         mappings_access=seen.tally.per_mapping([AddrRange(m.start, m.end)
                                                 for m in g.mappings]))
+
+
+def _emit(advice: verdict.Advice | None, pid: int, seen: Watched, args: argparse.Namespace,
+          stop: StopOnSignal) -> int:
+    if advice is None:
+        print(f"damon-hp advise: process {pid} exited before its memory could be read "
+              f"({seen.stopped_by}); nothing to report", file=sys.stderr)
+        return 130 if stop.signum is not None else 1
     if args.json:
         print(json.dumps(advice.to_dict(), indent=1))
     else:
         print(verdict.format_text(advice))
     sys.stdout.flush()
     return 130 if stop.signum is not None else 0
-
