@@ -230,3 +230,51 @@ def test_advise_on_a_command_stops_it_after_the_watch_and_leaves_nothing() -> No
     assert report["memory"]["kinds"]["anon"]["rss_bytes"] >= 32 << 20
     assert session_members(adv.pid) == []  # hotcold (--seconds 0: until a signal) was stopped
     assert instances_of(adv.pid) == []
+
+
+def _memory_cgroup_root() -> Path | None:
+    """Where a memory cgroup with a limit can be made: cgroup v1's memory controller, or a
+    cgroup2 hierarchy with the memory controller enabled for children."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists():
+        return v1
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        ctl = root / "cgroup.subtree_control"
+        if ctl.exists() and "memory" in ctl.read_text().split():
+            return root
+    return None
+
+
+def test_a_memory_cgroup_limit_closer_than_thp_always_growth_is_a_hazard(tmp_path) -> None:
+    root = _memory_cgroup_root()
+    assert root is not None, "no memory cgroup controller to make a limit with"
+    cg = root / f"advise-test-{os.getpid()}"
+    limit_file = "memory.limit_in_bytes" if root.name == "memory" else "memory.max"
+    cg.mkdir()
+    p = None
+    try:
+        # sparse 64 MiB touched one page per 64 KiB: 4 MiB resident, +60 MiB under THP-always;
+        # the limit leaves well under that once hotcold's ~100 MiB are in
+        (cg / limit_file).write_text(str(130 << 20))
+        p = subprocess.Popen(["sh", "-c", f"echo $$ > {cg}/cgroup.procs && exec {HOTCOLD} "
+                              "--hot 32M --cold 64M --sparse 64M --seconds 60"],
+                             stdout=subprocess.PIPE, text=True)
+        pid = json.loads(p.stdout.readline())["pid"]  # type: ignore[union-attr]
+        adv = subprocess.run([DAMON_HP, "advise", "-q", "--json", "--seconds", "5", str(pid)],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        if p is not None:
+            stop(p)
+        for _ in range(50):  # the cgroup empties once hotcold is reaped
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    assert adv.returncode == 0, adv.stderr
+    report = json.loads(adv.stdout)
+    memcg = [h for h in report["hazards"] if h["name"] == "memcg-limit"]
+    assert report["memory"]["added_bytes"] >= 50 << 20
+    assert memcg and str(cg) in memcg[0]["what"] and "raise" in memcg[0]["fix"], report["hazards"]
+    assert report["facts"]["memcg_headroom_bytes"] < report["memory"]["added_bytes"]
+    assert not cg.exists()
