@@ -49,10 +49,12 @@ def kdamond_tree(kd: Path) -> dict[str, str]:
                                            & set(Path(rel).parent.parts)))
 
 
-def memory_of(pid: int) -> list[tuple[int, int, str, str, int, int, tuple[str, ...]]]:
-    """Every mapping with its Rss, AnonHugePages and VmFlags: what advise must not change."""
-    return [(m.start, m.end, m.perms, m.path, m.counter("Rss"), m.counter("AnonHugePages"),
-             tuple(m.vm_flags)) for m in procfs.read_smaps(pid)]
+def memory_of(pid: int) -> list[tuple[int, int, str, str, int | None, int, tuple[str, ...]]]:
+    """Every mapping with its Rss, AnonHugePages and VmFlags: what advise must not change.
+    File mappings' Rss is left out: the page cache behind them may be reclaimed at any time
+    (the foreign kdamond runs a pageout scheme), which is no change of advise's."""
+    return [(m.start, m.end, m.perms, m.path, None if m.inode else m.counter("Rss"),
+             m.counter("AnonHugePages"), tuple(m.vm_flags)) for m in procfs.read_smaps(pid)]
 
 
 def start_hotcold(extra_env: dict[str, str] | None = None,
