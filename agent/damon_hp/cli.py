@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("doctor", "check this system for what damon-hp needs (read-only)"),
     "run": ("run", "start a command and back its hot memory with huge pages until it exits"),
     "attach": ("attach", "manage a running process's hot memory until it exits or you stop"),
+    "advise": ("advise", "what huge pages would cost and gain for a process (read-only)"),
     "status": ("status", "list running damon-hp agents, their targets and what they did"),
     "trace": ("trace", "count huge-page, fault, compaction and TLB events with BPF (hpstat)"),
     "vm": ("vm", "boot the pinned test kernel with virtme-ng and run a command inside"),

@@ -93,43 +93,33 @@ def _window_counts(ranges: tuple[revmap.RangeAccess, ...]) -> dict[int, int]:
     return counts
 
 
-class ProcessPipeline:
-    """Observe, decide and act for one process, with its policy state."""
+class Observer:
+    """Observe one process: its virtual picture of each aggregation, first touch marked.
+    Read-only (`damon-hp advise` watches through it alone)."""
 
-    def __init__(self, target: actuate.Target, files: procfs.ProcessFiles,
-                 params: policy.PolicyParams, actuator: actuate.Actuator, *,
-                 physical: bool) -> None:
-        self.target = target
+    def __init__(self, files: procfs.ProcessFiles, *, physical: bool) -> None:
         self.files = files
-        self.params = params
-        self.actuator = actuator
-        self.physical = physical
-        self.state = policy.PolicyState()
-        self.frames = revmap.FrameReader(target.pid) if physical else None
-        self.unsteady_readings = 0
-        """hot range readings withheld because the range was being faulted in"""
+        self.frames = revmap.FrameReader(files.pid) if physical else None
+        self.last_mapped: revmap.VirtualAccess | None = None
+        """physical sources: the last reverse map, with its per-range page counts"""
         self._faults: int | None = None
         self._counted: tuple[list[AddrRange], dict[int, int]] | None = None
         try:
-            baseline = self._resident_counts(self._mappings(files.maps()))
+            baseline = self._resident_counts(mappings_of(files.maps()))
         except (procfs.ProcessGone, procfs.PagemapScanUnsupported, OSError):
             baseline = {}
         self.first_touch = FirstTouch(baseline)
-
-    @staticmethod
-    def _mappings(maps: list[procfs.Mapping]) -> list[AddrRange]:
-        return [m.range for m in maps if m.anonymous_private]
 
     def observe(self, snap: Snapshot) -> Observation:
         """The process's picture of this aggregation. Raises procfs.ProcessGone (or
         revmap.ProcessGone) once it has exited."""
         maps = self.files.maps()
         status = self.files.status()
-        mappings = self._mappings(maps)
+        mappings = mappings_of(maps)
         share = None
         if self.frames is not None:
             frames = self.frames.read([(m.start, m.end) for m in mappings])
-            mapped = revmap.reverse_map(snap, frames)
+            mapped = self.last_mapped = revmap.reverse_map(snap, frames)
             if mapped.resident_pages:
                 share = mapped.monitored_pages / mapped.resident_pages
             virt, counts = mapped.snapshot, _window_counts(mapped.ranges)
@@ -151,6 +141,34 @@ class ProcessPipeline:
         counts = self.files.resident_by_window(mappings)
         self._faults, self._counted = total, (mappings, counts)
         return counts
+
+
+def mappings_of(maps: list[procfs.Mapping]) -> list[AddrRange]:
+    """The private anonymous mappings: where a collapse is possible."""
+    return [m.range for m in maps if m.anonymous_private]
+
+
+class ProcessPipeline:
+    """Observe, decide and act for one process, with its policy state."""
+
+    def __init__(self, target: actuate.Target, files: procfs.ProcessFiles,
+                 params: policy.PolicyParams, actuator: actuate.Actuator, *,
+                 physical: bool) -> None:
+        self.target = target
+        self.files = files
+        self.params = params
+        self.actuator = actuator
+        self.state = policy.PolicyState()
+        self.observer = Observer(files, physical=physical)
+        self.unsteady_readings = 0
+        """hot range readings withheld because the range was being faulted in"""
+
+    @property
+    def frames(self) -> revmap.FrameReader | None:
+        return self.observer.frames
+
+    def observe(self, snap: Snapshot) -> Observation:
+        return self.observer.observe(snap)
 
     def decide(self, obs: Observation, thp_mode: str) -> policy.Decision:
         """The policy's decision on the observation; the state moves on with it."""

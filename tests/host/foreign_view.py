@@ -57,3 +57,30 @@ def foreign_intervals(kdamond_dir: Path) -> dict[str, int]:
     return {"sample_us": int(damon_read(attrs / "intervals/sample_us")),
             "aggr_us": int(damon_read(attrs / "intervals/aggr_us")),
             "max_nr_regions": int(damon_read(attrs / "nr_regions/max"))}
+
+
+def accessed_shares(pid: int, ranges: list[tuple[int, int]], kdamond_pid: int, *,
+                    aggregations: int, sample_us: int, aggr_us: int,
+                    max_nr_regions: int) -> list[tuple[float, float]]:
+    """Per range, (watched, accessed) averaged over the kdamond's next `aggregations`: the
+    shares of its present pages whose frames lie in a region of the kdamond, and in a region
+    it saw accessed (nr_accesses > 0), of the watched ones (0.0 when none is watched)."""
+    sums = [[0.0, 0.0] for _ in ranges]
+    with AggregatedEventStream(kdamond_pid, sample_us=sample_us, aggr_us=aggr_us,
+                               max_nr_regions=max_nr_regions) as stream:
+        for _ in range(aggregations):
+            snap = stream.next_snapshot(timeout_s=3 * aggr_us / 1e6 + 5)
+            assert snap is not None and snap.regions, f"no aggregation of kdamond pid {kdamond_pid}"
+            regions = sorted(snap.regions, key=lambda r: r.start)
+            starts = np.array([r.start for r in regions], dtype=np.int64)
+            ends = np.array([r.end for r in regions], dtype=np.int64)
+            hits = np.array([r.nr_accesses > 0 for r in regions])
+            for k, (start, end) in enumerate(ranges):
+                phys = present_frames(pid, start, end)
+                i = np.clip(np.searchsorted(starts, phys, side="right") - 1, 0, None)
+                inside = (phys >= starts[i]) & (phys < ends[i])
+                if phys.size:
+                    sums[k][0] += float(inside.mean())
+                if inside.any():
+                    sums[k][1] += float(hits[i][inside].mean())
+    return [(w / aggregations, a / aggregations) for w, a in sums]

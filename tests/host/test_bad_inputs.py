@@ -156,6 +156,31 @@ CASES = [
     Case("attach-thp-disabled-by-the-process", ["attach", "--json", "{tmp}/out.json", "{thpoff}"],
          ["process {thpoff} has turned transparent huge pages off for itself",
           "THP_enabled: 0", "PR_THP_DISABLE_EXCEPT_ADVISED", "Not attached."]),
+    # advise (read-only; a process that turned THP off is looked at, not refused)
+    Case("advise-no-target", ["advise"], ["give one PID, or -- CMD", "got nothing"]),
+    Case("advise-pid-not-a-number", ["advise", "abc"], ["'abc' is not a process id",
+                                                        "put it after --"]),
+    Case("advise-pid-zero", ["advise", "0"], ["'0' is not a process id"]),
+    Case("advise-two-pids", ["advise", "{pid}", "{pid}"], ["give one PID"]),
+    Case("advise-pid-never-existed", ["advise", "{nopid}"], ["no process {nopid}", "ps -p"]),
+    Case("advise-pid-exited", ["advise", "{exited}"], ["no process {exited}"]),
+    Case("advise-zombie", ["advise", "{zombie}"], ["process {zombie} has already exited"]),
+    Case("advise-pid-1", ["advise", "1"], ["damon-hp advise: refusing PID 1"]),
+    Case("advise-kernel-thread", ["advise", "2"], ["2 (kthreadd) is a kernel thread"]),
+    Case("advise-thread-id", ["advise", "{tid}"], ["{tid} is a thread of process {pid}",
+                                                   "damon-hp advise {pid}"]),
+    Case("advise-bad-seconds", ["advise", "--seconds", "-3", "{pid}"],
+         ["--seconds", "is not a number of seconds"]),
+    Case("advise-unknown-option-after-pid", ["advise", "{pid}", "--bogus"],
+         ["unrecognized arguments: --bogus"]),
+    Case("advise-unknown-source", ["advise", "--source", "bogus", "{pid}"],
+         ["is not a source"]),
+    Case("advise-no-command", ["advise", "--"], ["no command after --"]),
+    Case("advise-command-not-found", ["advise", "--", "/nonexistent/program"],
+         ["damon-hp advise: command not found or not executable: '/nonexistent/program'"]),
+    Case("advise-command-exec-format-error", ["advise", "-q", "--", "{tmp}/garbage"],
+         ["damon-hp advise: cannot execute", "Exec format error"]),
+    Case("advise-not-root", ["advise", "{pid}"], ["damon-hp advise: needs root"], nobody=True),
     # status
     Case("status-extra-argument", ["status", "extra"],
          ["damon-hp status: error: unrecognized arguments: extra"]),
@@ -369,5 +394,6 @@ def test_bad_input_is_refused_with_a_message_and_changes_nothing(
 
 def test_the_matrix_covers_every_subcommand() -> None:
     covered = {c.argv[0] if c.argv else "" for c in CASES}
-    assert {"run", "attach", "status", "doctor", "trace", "experiment", "vm"} <= covered
+    assert {"run", "attach", "advise", "status", "doctor", "trace", "experiment",
+            "vm"} <= covered
     assert len({c.id for c in CASES}) == len(CASES)

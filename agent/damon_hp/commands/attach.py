@@ -60,40 +60,43 @@ def _thread_group(pid: int) -> int | None:
     return None
 
 
-def _open_target(pid: int) -> actuate.Target:
+def open_target(pid: int, command: str = "attach", *,
+                refuse_thp_disabled: bool = True) -> actuate.Target:
+    """Pin `pid` after the checks every command on a running process makes (exit-2 refusals
+    named for `command`); `advise` reads a process that turned THP off, `attach` refuses it."""
     if pid == os.getpid():
-        raise EnvironmentProblem("damon-hp attach: refusing to manage damon-hp itself")
+        raise EnvironmentProblem(f"damon-hp {command}: refusing to manage damon-hp itself")
     if pid == 1:
         raise EnvironmentProblem(
-            "damon-hp attach: refusing PID 1 (init): the process every other one depends on "
-            "is not a target; attach to the program whose memory you want on huge pages")
+            f"damon-hp {command}: refusing PID 1 (init): the process every other one depends on "
+            "is not a target; give the program whose memory you want on huge pages")
     tgid = _thread_group(pid)
     if tgid is not None and tgid != pid:
         raise EnvironmentProblem(
-            f"damon-hp attach: {pid} is a thread of process {tgid}, not a process; memory "
-            f"belongs to the process: damon-hp attach {tgid}")
+            f"damon-hp {command}: {pid} is a thread of process {tgid}, not a process; memory "
+            f"belongs to the process: damon-hp {command} {tgid}")
     target = actuate.Target.open(pid)
     try:
         st = procfs.read_stat(pid)
         if st.flags & PF_KTHREAD:
             raise EnvironmentProblem(
-                f"damon-hp attach: {pid} ({st.comm}) is a kernel thread: it has no user memory "
-                "to manage; attach to a user process")
+                f"damon-hp {command}: {pid} ({st.comm}) is a kernel thread: it has no user memory "
+                "to look at; give a user process")
         if not procfs.read_maps(pid):
             raise EnvironmentProblem(
-                f"damon-hp attach: process {pid} has no user memory (a kernel thread?); "
+                f"damon-hp {command}: process {pid} has no user memory (a kernel thread?); "
                 "nothing to manage"
             )
-        if procfs.thp_disabled_by_process(procfs.read_status(pid)):
+        if refuse_thp_disabled and procfs.thp_disabled_by_process(procfs.read_status(pid)):
             raise EnvironmentProblem(lifecycle.thp_disabled_message("attach", pid)
                                      + ". Not attached.")
     except procfs.ProcessGone:
         target.close()
-        raise EnvironmentProblem(f"damon-hp attach: process {pid} has already exited") from None
+        raise EnvironmentProblem(f"damon-hp {command}: process {pid} has already exited") from None
     except PermissionError:
         target.close()
         raise EnvironmentProblem(
-            f"damon-hp attach: may not read /proc/{pid}/maps: damon-hp needs ptrace read access "
+            f"damon-hp {command}: may not read /proc/{pid}/maps: damon-hp needs ptrace read access "
             "to the process (root in the process's user namespace)"
         ) from None
     except BaseException:
@@ -108,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
         lifecycle.require_root("attach")
         lifecycle.check_outputs("attach", {"--json": opts.json_path,
                                            "--record": opts.record_path})
-        target = _open_target(args.pid)
+        target = open_target(args.pid)
     except DamonHpError as e:
         print(e, file=sys.stderr)
         return e.exit_code
