@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from damon_hp import actuate, policy, procfs
+from damon_hp import actuate, frames, policy, procfs
 from damon_hp.damon import revmap
 from damon_hp.damon.model import Snapshot
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
@@ -99,7 +99,7 @@ class Observer:
 
     def __init__(self, files: procfs.ProcessFiles, *, physical: bool) -> None:
         self.files = files
-        self.frames = revmap.FrameReader(files.pid) if physical else None
+        self.frames = frames.FrameReader(files.pid) if physical else None
         self.last_mapped: revmap.VirtualAccess | None = None
         """physical sources: the last reverse map, with its per-range page counts"""
         self._faults: int | None = None
@@ -118,8 +118,8 @@ class Observer:
         mappings = mappings_of(maps)
         share = None
         if self.frames is not None:
-            frames = self.frames.read([(m.start, m.end) for m in mappings])
-            mapped = self.last_mapped = revmap.reverse_map(snap, frames)
+            page_frames = self.frames.read([(m.start, m.end) for m in mappings])
+            mapped = self.last_mapped = revmap.reverse_map(snap, page_frames)
             if mapped.resident_pages:
                 share = mapped.monitored_pages / mapped.resident_pages
             virt, counts = mapped.snapshot, _window_counts(mapped.ranges)
@@ -164,7 +164,7 @@ class ProcessPipeline:
         """hot range readings withheld because the range was being faulted in"""
 
     @property
-    def frames(self) -> revmap.FrameReader | None:
+    def frames(self) -> frames.FrameReader | None:
         return self.observer.frames
 
     def observe(self, snap: Snapshot) -> Observation:

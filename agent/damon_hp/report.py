@@ -119,7 +119,7 @@ class RunReport:
     (a page being faulted in reads as accessed)"""
     pagemap_reads: dict[str, int] | None = None
     """physical sources: ranges whose pagemap entries were read, reused (no frame moved), and
-    2 MiB windows re-read inside otherwise unchanged ranges (revmap.FrameReader)"""
+    2 MiB windows re-read inside otherwise unchanged ranges (frames.FrameReader)"""
     monitored_share: float | None = None
     """physical sources: share of the target's resident pages in the physical memory the
     kdamond monitors, at the last snapshot (the rest is invisible to damon-hp)"""

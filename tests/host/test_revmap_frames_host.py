@@ -15,13 +15,8 @@ from pathlib import Path
 
 import pytest
 from damon_hp.damon.model import Region, Snapshot
-from damon_hp.damon.revmap import (
-    PM_PFN_MASK,
-    PM_PRESENT,
-    FrameReader,
-    read_page_frames,
-    reverse_map,
-)
+from damon_hp.damon.revmap import reverse_map
+from damon_hp.frames import PM_PFN_MASK, PM_PRESENT, FrameReader, read_page_frames
 
 HERE = Path(__file__).resolve().parent
 HUGE = 2 << 20

@@ -17,15 +17,14 @@ from pathlib import Path
 import pytest
 from damon_hp.damon.events import SnapshotAssembler, parse_event_line
 from damon_hp.damon.model import Region, Snapshot
-from damon_hp.damon.revmap import (
-    HUGE_PAGE_BYTES,
-    PAGE_BYTES,
+from damon_hp.damon.revmap import reverse_map
+from damon_hp.frames import (
     PM_PRESENT,
     FrameRun,
     PageFrames,
-    reverse_map,
 )
 from damon_hp.policy import PolicyParams, PolicyState, decide
+from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES
 from reference.revmap_ref import page_by_page
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -201,7 +200,7 @@ def test_share_must_be_a_percentage():
 
 
 def test_changed_windows_are_where_two_stretch_lists_disagree():
-    from damon_hp.damon.revmap import _changed_windows
+    from damon_hp.frames import _changed_windows
 
     h = HUGE_PAGE_BYTES
     old = [(V, V + 4 * h, 8)]

@@ -168,7 +168,7 @@ class ReverseMappedSource(_Base):
 
     def snapshot(self) -> Snapshot | None:
         # The newest aggregation only: a reverse map of a 4 GiB target cost 0.1-0.5 s of CPU
-        # on the host before revmap.FrameReader, and one per queued stale snapshot left the
+        # on the host before frames.FrameReader, and one per queued stale snapshot left the
         # agent ever further behind (VM, paddr, 400 ms aggregations: after a 20 s collapse
         # step, 30 queued snapshots took the next 29 s).
         phys = self.stream.latest_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
