@@ -122,3 +122,15 @@ def test_perf_events_without_a_figure_print_na_with_the_reason() -> None:
     assert "1,234" in table
     d = r.to_dict()
     assert d["summary"]["extra"]["perf"]["events"]["dTLB-load-misses"] is None
+
+
+def test_monitoring_cpu_is_the_agents_less_the_kernels_collapse_copies(tmp_path) -> None:
+    r = RunReport(mode="run", target_pid=1, command=[], kernel="k", thp_mode="never")
+    r.wall_s, r.agent_cpu_s = 100.0, 3.0
+    r.collapse.add(True, 2 << 20, None, 0.5, cpu_seconds=2.2)
+    assert report.monitoring_cpu_s(r) == 3.0 - 2.2
+    line = next(x for x in report.format_table(r).splitlines() if "agent CPU time" in x)
+    assert "monitoring 0.80 s (0.8 % of a core), collapses 2.20 s" in line
+    path = tmp_path / "r.json"
+    report.write_json(r, path)
+    assert json.loads(path.read_text())["summary"]["monitoring_cpu_s"] == 0.8
