@@ -347,8 +347,9 @@ def render(exp: Experiment, runs: list[RunResult], planned: int, command: str,
         if skew:
             sections += ["", "### How skewed the traffic was at huge-page granularity", "",
                          "Uniform traffic puts 10 % of the accesses on the hottest 10 % of the "
-                         "ranges; read through a physical source it is a lower bound (see "
-                         "'How the numbers are made').", ""] + skew
+                         "ranges. This is the traffic as damon-hp's snapshots show it (what it "
+                         "decides on), not the client's key-level skew (see 'How the numbers "
+                         "are made').", ""] + skew
         all_targets += [(w.name, t) for t in targets(w.app or "", rs, tests, churn)]
     lines += ["## Targets", "", "| workload: target | verdict | numbers (median [min–max]) |",
               "|---|---|---|"]
@@ -379,8 +380,10 @@ def render(exp: Experiment, runs: list[RunResult], planned: int, command: str,
               "- skew: per 2 MiB range of the server, the access frequency damon-hp's own "
               "snapshots gave it (DAMON nr_accesses over its maximum, byte-weighted), summed "
               "over the test; the share of that sum on the hottest 10 % of the ranges. "
-              "Through a physical source a range reads as its median page, and frames "
-              "sharing a physical region blur toward the mean: a lower bound on the skew.",
+              "DAMON sees a page only if it was touched within one sampling interval, and "
+              "through a physical source a range reads as its median page (0 unless half its "
+              "pages were seen), so lukewarm ranges read 0: it is the skew damon-hp acts on, "
+              "not the client's key-level skew; 'accessed' counts the ranges above 0.",
               "- server CPU per request: utime+stime of all the server's threads "
               "(/proc/PID/stat) over one client test, divided by the requests it answered "
               "(sysbench: queries). Steadier than throughput on a shared host.",

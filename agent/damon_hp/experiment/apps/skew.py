@@ -6,10 +6,13 @@ Each 2 MiB-aligned range a snapshot covers gets the access frequency DAMON gave 
 over it (`nr_accesses`, the sampling intervals in which the region was seen accessed, weighted
 by the bytes of each region inside the range); summed over the test's snapshots that is the
 range's share of the sampled accesses. Uniform traffic puts 10 % on the hottest 10 % of ranges;
-the closer to 100 %, the fewer ranges selective huge pages need to hold the traffic. Through a
-physical source a range's frequency is its median page's (revmap.reverse_map), so frames that
-share a physical region with busy ones blur it toward the mean: the share is a lower bound on
-the true skew. Pure but for reading the recording."""
+the closer to 100 %, the fewer ranges selective huge pages need to hold the traffic.
+This is the skew as damon-hp sees it, which is what it decides on, not the key-level skew of
+the client: DAMON sees a page accessed only if it was touched within one sampling interval, so
+lukewarm ranges read 0; through a physical source a range's frequency is its median page's
+(revmap.reverse_map), which reads 0 unless half its pages were seen, while frames that share a
+physical region with busy ones are pulled toward that region's frequency. `accessed_ranges`
+says how many ranges read above 0 at all. Pure but for reading the recording."""
 
 from __future__ import annotations
 
