@@ -127,14 +127,16 @@ def test_report_has_the_ycsb_targets_and_the_skew_beside_the_gain_kept():
     assert "| ycsb-c | 31.0 % | 1,200 / 900 | 6 | 25.0 % | 80% |" in table
 
 
-@pytest.mark.parametrize("records,threads,batch,want", [
-    (2_000_000, 4, 200, (4, 200)), (5000, 4, 200, (4, 125)), (5001, 4, 200, (3, 1)),
-    (7, 4, 200, (1, 7)), (10, 1, 3, (1, 2)),
-])
-def test_the_mariadb_load_inserts_exactly_the_records_asked_for(records, threads, batch, want):
-    from damon_hp.experiment.apps.mariadb_ycsb import load_split
+def test_piped_records_are_named_as_go_ycsb_load_names_them():
+    # `go-ycsb load redis --threads 2 -p recordcount=1000 -p redis.datatype=string` (v1.0.3,
+    # 2026-11-25) wrote exactly the 1000 keys key_numbers(0, 1000) names; record 0 is this one
+    from damon_hp.experiment.apps.redis_ycsb import key_numbers, record_commands, record_value
 
-    got = load_split(records, threads, batch)
-    assert got == want
-    t, b = got
-    assert records % t == 0 and (records // t) % b == 0
+    assert key_numbers(0, 1).tolist() == [6284781860667377211]
+    assert len(set(key_numbers(0, 100_000).tolist())) == 100_000
+    assert (key_numbers(0, 1000) > 0).all()
+    value = record_value(1, 256)
+    assert value.startswith(b'{"field0":"') and len(value) == 13 + 344
+    first = next(record_commands(3, 1, 256))
+    assert first.startswith(b"*3\r\n$3\r\nSET\r\n$33\r\nusertable/user6284781860667377211\r\n")
+    assert first.count(b"*3\r\n") == 3

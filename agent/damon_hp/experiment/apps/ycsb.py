@@ -173,7 +173,7 @@ def run(cmd: list[str], out_json: Path, log: Path, seconds: float | None, timeou
 
 def check_common(p: Any, tests_ok: tuple[str, ...] = TESTS) -> None:
     """Checks shared by both YCSB apps' Params (ValueError naming the bad value)."""
-    for name in ("records", "field_bytes", "operations", "load_threads"):
+    for name in ("records", "field_bytes", "operations"):
         v = getattr(p, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
