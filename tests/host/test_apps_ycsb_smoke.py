@@ -138,3 +138,46 @@ def test_tiny_ycsb_on_redis_and_mariadb_runs_every_arm_reports_the_skew_and_leav
         agent = by[(workload, "damon-hp")]["app"]["agent_pid"]
         assert instances_of(agent) == [], f"tracefs instance of agent {agent} left"
     assert THP.read_text() == thp_before
+
+
+def test_sigterm_while_go_ycsb_drives_the_server_leaves_nothing(tmp_path):
+    """SIGTERM to the experiment while a go-ycsb client runs a test against a Redis server that
+    damon-hp attach watches: exit 130, no client, server or agent left, no data directory, no
+    tracefs instance."""
+    from leftovers import wait_for
+
+    exp = tmp_path / "apps-ycsb-term.toml"
+    text = SMOKE.replace('app = "redis-ycsb"', 'app = "redis-ycsb"\narms = ["damon-hp"]')
+    exp.write_text(text[:text.index('[[workloads]]\napp = "mariadb-ycsb"')]
+                   .replace("seconds = 2\n", "seconds = 120\n"))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([DAMON_HP, "experiment", "run", str(exp), "--out", str(out),
+                             "--no-report"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_default_sigint)
+    agents: list[int] = []
+
+    def client_runs() -> bool:
+        procs = processes_mentioning(str(tmp_path))
+        agents[:] = [pid for pid, cmd in procs.items() if "damon-hp attach" in cmd]
+        return bool(agents) and any("client-ycsb-c.json" in cmd for cmd in procs.values())
+
+    try:
+        wait_for("go-ycsb running workload C", client_runs, 240, 0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            # a SIGKILL would leave the runner's server, client and agent (each in a session
+            # of its own) behind: ask first
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    assert _leftovers(str(tmp_path)) == []
+    assert not list(out.glob("runs/*/data"))
+    assert not (out / "apps-data").exists()
+    assert instances_of(agents[0]) == []
