@@ -292,11 +292,12 @@ def _skew_row(rs: Runs, test: str) -> str:
         rss, h = _get(p, "rss_bytes"), _get(p, "anon_huge_bytes")
         return h / rss if rss and h is not None else None
 
-    kept, _ = gain_kept(rs, test)
+    kept, why = gain_kept(rs, test)
+    na = "n/a (gain within noise)" if "within noise" in why else "n/a"
     return (f"| {test} | {fmt(of('hottest_10pct_share'), '%')} | {fmt(of('ranges'), digits=4)} / "
             f"{fmt(of('accessed_ranges'), digits=4)} | {fmt(of('snapshots'))} | "
             f"{fmt(rs.stat(DAMON, huge), '%')} | "
-            f"{'n/a (gain within noise)' if kept is None else f'{kept:.0%}'} |")
+            f"{na if kept is None else f'{kept:.0%}'} |")
 
 
 def targets(app: str, rs: Runs, tests: list[str], churn: bool) -> list[Target]:
