@@ -122,18 +122,13 @@ class MariaDBYcsb(MariaDB):
 
     def _load_rows(self, out: Path) -> None:
         """Every record, in primary-key order, through `LOAD DATA LOCAL INFILE '/dev/stdin'`."""
-        from damon_hp.experiment.runner import deferred_interrupts
-
         keys = sorted(f"user{k}" for k in key_numbers(0, self.p.records).tolist())
         row_tail = ("\t" + "a" * self.p.field_bytes) * self.p.field_count + "\n"
         sql = (f"load data local infile '/dev/stdin' into table {DATABASE}.{TABLE} "
                "fields terminated by '\\t' lines terminated by '\\n'")
         with open(out, "wb") as f:
-            with deferred_interrupts():
-                proc = subprocess.Popen(["mariadb", "--no-defaults", "--local-infile=1", "-S",
-                                         str(self.socket), "-uroot", "-e", sql],
-                                        stdin=subprocess.PIPE, stdout=f,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+            proc = srv.spawn(["mariadb", "--no-defaults", "--local-infile=1", "-S",
+                              str(self.socket), "-uroot", "-e", sql], subprocess.PIPE, f)
             try:
                 assert proc.stdin is not None
                 for i in range(0, len(keys), 20_000):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.experiment.apps import server as srv
 from damon_hp.experiment.apps.client import ClientResult
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -131,15 +132,11 @@ def run(cmd: list[str], out_json: Path, log: Path, seconds: float | None, timeou
         what: str) -> Totals:
     """Run go-ycsb until it has done its operation count or, with `seconds`, until then
     (SIGTERM); its totals. In a session of its own, killed on timeout or Ctrl-C."""
-    from damon_hp.experiment.runner import deferred_interrupts
-
     out_json.unlink(missing_ok=True)
     cmd = [*cmd, "-p", f"measurement.output_file={out_json}",
            "-p", "measurement.interval=10"]
     with open(log, "wb") as f:
-        with deferred_interrupts():
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        proc = srv.spawn(cmd, subprocess.DEVNULL, f)
         code: int | None = None
         try:
             limit = timeout_s if seconds is None else min(seconds, timeout_s)
