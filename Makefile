@@ -20,12 +20,12 @@ APT_PACKAGES := qemu-system-x86 kmod busybox-static clang llvm libbpf-dev bpftoo
 	redis-server redis-tools mariadb-server sysbench
 
 .PHONY: help setup demo test test-unit test-host test-vm lint workloads bpf kernel \
-	vm-shell vm-run clean
+	go-ycsb vm-shell vm-run clean
 
 help:
 	@echo "make demo       set up everything, then run damon-hp on a bundled workload"
 	@echo "make test       run the unit, host and vm test tiers (sets up first)"
-	@echo "make setup      apt packages, .venv, test kernel, workloads, BPF tools (idempotent)"
+	@echo "make setup      apt packages, .venv, test kernel, workloads, BPF tools, go-ycsb (idempotent)"
 	@echo "make vm-shell   interactive shell in the test VM"
 	@echo "make vm-run CMD='...'  run CMD in the test VM from the project root"
 
@@ -58,8 +58,13 @@ workloads: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
 bpf: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
 	@$(MAKE) -s -C bpf
 
+# go-ycsb (the app experiment's YCSB client), pinned in workloads/go-ycsb/pin.env, built with
+# the machine's Go into .cache/go-ycsb/; the script does nothing once it is built.
+go-ycsb: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
+	@workloads/go-ycsb/build.sh
+
 setup: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12) $(STAMPS)/venv \
-	kernel workloads bpf
+	kernel workloads bpf go-ycsb
 
 demo: setup
 	@experiments/demo.sh

@@ -52,7 +52,8 @@ GROUND_TRUTH_PROGRAMS = frozenset({"hotcold", "sparse", "gups", "water_nsquared"
 COMPACT_VARIANTS = {"streamcluster": "streamcluster-compact"}
 # Real applications (experiment/apps/): a server the runner starts, its loader and its client.
 # Their server binary is the workload's program; only these arms apply to them.
-APPS = {"redis": "redis-server", "mariadb": "mariadbd"}
+APPS = {"redis": "redis-server", "mariadb": "mariadbd", "redis-ycsb": "redis-server",
+        "mariadb-ycsb": "mariadbd"}
 APP_ARMS = ("thp-never", "everywhere", "damon-hp")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")

@@ -1,12 +1,13 @@
 """Real applications as experiment workloads: a server the runner starts in a private data
-directory, its loader, and its own benchmark client (redis-server + redis-cli --pipe +
-redis-benchmark; mariadbd + sysbench). `cell.py` runs one arm on one of them; `report.py` turns
+directory, its loader, and its benchmark client (redis-server + redis-cli --pipe +
+redis-benchmark; mariadbd + sysbench; and both driven by YCSB, go-ycsb: redis-ycsb,
+mariadb-ycsb). `cell.py` runs one arm on one of them; `report.py` turns
 the runs into report.md.
 
 An app workload in an experiment file:
 
     [[workloads]]
-    app = "redis"                # or "mariadb"
+    app = "redis"                # or "mariadb", "redis-ycsb", "mariadb-ycsb"
     threads = [8]                # client connections
     [workloads.params]           # the app's own, checked by its Params dataclass
     keys = 8000000
@@ -18,10 +19,14 @@ from dataclasses import fields
 from typing import Any
 
 from damon_hp.experiment.apps.mariadb import MariaDB, MariaDBParams
+from damon_hp.experiment.apps.mariadb_ycsb import MariaDBYcsb, MariaDBYcsbParams
 from damon_hp.experiment.apps.redis import Redis, RedisParams
+from damon_hp.experiment.apps.redis_ycsb import RedisYcsb, RedisYcsbParams
 
-PARAMS = {"redis": RedisParams, "mariadb": MariaDBParams}
-APP_CLASSES = {"redis": Redis, "mariadb": MariaDB}
+PARAMS = {"redis": RedisParams, "mariadb": MariaDBParams, "redis-ycsb": RedisYcsbParams,
+          "mariadb-ycsb": MariaDBYcsbParams}
+APP_CLASSES = {"redis": Redis, "mariadb": MariaDB, "redis-ycsb": RedisYcsb,
+               "mariadb-ycsb": MariaDBYcsb}
 
 
 def params_of(app: str, raw: dict[str, Any]) -> Any:

@@ -31,7 +31,7 @@ from damon_hp import actuate, procfs
 from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
 from damon_hp.errors import DamonHpError
 from damon_hp.experiment import arms
-from damon_hp.experiment.apps import APP_CLASSES, params_of
+from damon_hp.experiment.apps import APP_CLASSES, params_of, skew
 from damon_hp.experiment.measure import Sampler
 from damon_hp.experiment.spec import Cell
 from damon_hp.ranges import huge_starts
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from damon_hp.experiment.runner import Context
 
 AGENT_STOP_S = 60.0
+RECORD = "agent-record.json"
 
 
 def mechanism(arm: str) -> str:
@@ -123,8 +124,10 @@ def _start_agent(pid: int, state: arms.RunState, stack: contextlib.ExitStack
                  ) -> subprocess.Popen[bytes]:
     from damon_hp.experiment.runner import deferred_interrupts
 
+    # --record: the agent's own snapshots, from which the report reads how skewed the
+    # traffic was at huge-page granularity (skew.py)
     argv = [arms._tool("damon-hp"), "attach", "--json", str(state.rundir / "agent.json"),
-            *state.options.agent_args, str(pid)]
+            "--record", str(state.rundir / RECORD), *state.options.agent_args, str(pid)]
     with deferred_interrupts(), open(state.rundir / "agent.log", "wb") as log:
         agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                  start_new_session=True)
@@ -169,7 +172,7 @@ def measure(app: Any, server: Any, test: str, rundir: Path) -> dict[str, Any]:
         "throughput": client.throughput, "p50_ms": client.p50_ms, "p99_ms": client.p99_ms,
         "p999_ms": client.p999_ms, "server_cpu_s": round(cpu, 3),
         "cpu_us_per_request": cpu * 1e6 / client.requests if client.requests else None,
-        "steal_frac": steal, **memory_now(server.pid),
+        "steal_frac": steal, **memory_now(server.pid), **client.extra,
     }
     for k, v in after_counters.items():
         phase[k] = v - before_counters.get(k, 0)
@@ -179,13 +182,15 @@ def measure(app: Any, server: Any, test: str, rundir: Path) -> dict[str, Any]:
 def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -> None:
     """Run one app cell; fills `result` (a RunResult). Errors raise DamonHpError/OSError."""
     app = make_app(cell)
-    rundir = state.rundir
+    # absolute: mariadb-install-db and mariadbd fail (exit 1) on a relative data directory,
+    # which a relative `experiment run --out DIR` gave
+    rundir = state.rundir.resolve()
     arm = cell.arm
     result.app = {"app": app.name, "server": app.server_program}
     with contextlib.ExitStack() as stack:
         datadir = rundir / "data"
         stack.callback(shutil.rmtree, datadir, True)
-        result.app.update(app.prepare(datadir, ctx.app_data()))
+        result.app.update(app.prepare(datadir, ctx.app_data().resolve()))
         env = dict(os.environ)
         t0 = time.monotonic()
         agents: list[subprocess.Popen[bytes]] = []
@@ -235,7 +240,11 @@ def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -
 
         stat0 = cpu_times()
         mark("measure_start")
-        result.phases = [measure(app, server, test, rundir) for test in app.tests()]
+        result.app["t0_monotonic"] = round(t0, 3)  # marks are seconds after it
+        for test in app.tests():
+            mark(f"{test}_start")
+            result.phases.append(measure(app, server, test, rundir))
+            mark(f"{test}_end")
         mark("measure_end")
         result.steal_frac = _steal(stat0)
         result.app["measured_server_cpu_s"] = round(server.cpu_s() - cpu_stat0, 3)
@@ -259,6 +268,7 @@ def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -
             for k, v in state.metrics.items():
                 setattr(result, k, v)
             _agent_collapses(state, result)
+            result.app["skew"] = skew.of_run(state.rundir / RECORD, t0, marks, app.tests())
         result.app["marks"] = marks
         bg.stop()
         summary = sampler.summary()

@@ -3,7 +3,8 @@ output formats reduce to."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -16,6 +17,7 @@ class ClientResult:
     p50_ms: float | None
     p99_ms: float | None
     p999_ms: float | None
+    extra: dict[str, Any] = field(default_factory=dict)  # the client's own counts, per phase
 
 
 def quantile(points: list[tuple[float, float]], q: float) -> float | None:

@@ -106,6 +106,9 @@ class MariaDB:
     def tests(self) -> list[str]:
         return list(self.p.tests)
 
+    def seed_name(self) -> str:
+        return f"mariadb-{self.p.tables}x{self.p.table_size}"
+
     def env(self, base: dict[str, str]) -> dict[str, str]:
         preload = " ".join(x for x in (str(THP_ALLOW_SHIM), base.get("LD_PRELOAD", "")) if x)
         return {**base, "LD_PRELOAD": preload}
@@ -168,7 +171,7 @@ class MariaDB:
         return time.monotonic() - t0
 
     def prepare(self, datadir: Path, shared: Path) -> dict[str, float]:
-        seed = shared / f"mariadb-{self.p.tables}x{self.p.table_size}"
+        seed = shared / self.seed_name()
         seeded = self._seed(seed)
         t0 = time.monotonic()
         subprocess.run(["cp", "-a", "--reflink=auto", str(seed / "data"), str(datadir)],

@@ -151,11 +151,14 @@ class Redis:
     def tests(self) -> list[str]:
         return list(self.p.tests)
 
+    def seed_name(self) -> str:
+        return f"redis-{self.p.keys}x{self.p.value_bytes}"
+
     def prepare(self, datadir: Path, shared: Path) -> dict[str, float | int | None]:
         """The run's data directory holding a hard link to the seed's snapshot (made first if
         this is the experiment's first Redis run). The server never writes it (no save
         points, and a save would replace the link by rename, not write through it)."""
-        seed = shared / f"redis-{self.p.keys}x{self.p.value_bytes}"
+        seed = shared / self.seed_name()
         seeded = self._seed(seed)
         datadir.mkdir(parents=True, exist_ok=True)
         try:

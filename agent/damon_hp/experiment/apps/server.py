@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from damon_hp import procfs
 from damon_hp.errors import DamonHpError, EnvironmentProblem
@@ -121,6 +122,16 @@ def start(name: str, argv: list[str], env: dict[str, str], log: Path, port: int,
         server = Server(name, proc, port, log)
         stack.callback(server.stop)
     return server
+
+
+def spawn(argv: list[str], stdin: int | None, stdout: BinaryIO) -> subprocess.Popen[bytes]:
+    """Start a client or loader as our child in a session of its own (stderr to `stdout`),
+    a Ctrl-C held until Popen has returned its pid to the caller, who must stop it."""
+    from damon_hp.experiment.runner import deferred_interrupts
+
+    with deferred_interrupts():
+        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def run_client(argv: list[str], out: Path, timeout_s: float, what: str,
