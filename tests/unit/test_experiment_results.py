@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from damon_hp.experiment import spec
+from damon_hp.experiment.context import Context, is_done
 from damon_hp.experiment.results import RunResult, load_runs, run_path, save_run
-from damon_hp.experiment.runner import Context, is_done
 
 
 def _experiment() -> spec.Experiment:

@@ -6,7 +6,7 @@ import os
 import signal
 
 import pytest
-from damon_hp.experiment.runner import deferred_interrupts
+from damon_hp.experiment.interrupts import deferred_interrupts
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])

@@ -78,8 +78,8 @@ def _headline(analysis) -> list[dict]:  # type: ignore[no-untyped-def]
 
 def _dry_run(args: argparse.Namespace) -> int:
     from damon_hp.experiment import spec
+    from damon_hp.experiment.context import Context, is_done
     from damon_hp.experiment.pipeline import default_out
-    from damon_hp.experiment.runner import Context, is_done
 
     exp = spec.load(args.file)
     out = args.out or default_out(exp)

@@ -68,7 +68,7 @@ def set_global_thp(mode: str) -> None:
         THP_ENABLED.write_text(mode)
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
     path = VENV_BIN / name
     if path.exists():
         return str(path)
@@ -238,7 +238,7 @@ class DamosEthp(Arm):
     def check(self, vm: bool) -> None:
         # VM only: `damo` leaves its configuration in sysfs, which only the VM may clean up.
         _check_damon_free(self.name)
-        _tool("damo")
+        tool("damo")
 
     def mechanism(self, vm: bool, options: ArmOptions) -> str:
         return (f"damo start with the ethp schemes on the workload's pid (held before exec), "
@@ -251,7 +251,7 @@ class DamosEthp(Arm):
         import resource
 
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        r = subprocess.run([_tool("damo"), *args], capture_output=True, text=True, timeout=300,
+        r = subprocess.run([tool("damo"), *args], capture_output=True, text=True, timeout=300,
                            check=False)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -315,7 +315,7 @@ class DamonHp(Arm):
             except EnvironmentProblem as e:
                 raise EnvironmentProblem(f"{self.name} cannot run on this host: {e}. Run the "
                                          'experiment in the test VM (where = "vm")') from None
-        _tool("damon-hp")
+        tool("damon-hp")
 
     def mechanism(self, vm: bool, options: ArmOptions) -> str:
         extra = f" {' '.join(options.agent_args)}" if options.agent_args else " (defaults)"
@@ -331,7 +331,7 @@ class DamonHp(Arm):
     def wrap(self, argv: list[str], state: RunState) -> list[str]:
         # The workload's own argv, nothing in between (see runner._follow_agent_child).
         out = state.rundir / "agent.json"
-        return [_tool("damon-hp"), "run", "--json", str(out), *state.options.agent_args,
+        return [tool("damon-hp"), "run", "--json", str(out), *state.options.agent_args,
                 "--", *argv]
 
     def finish(self, state: RunState) -> None:

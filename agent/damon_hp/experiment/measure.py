@@ -150,3 +150,27 @@ class Sampler:
             "agent_cpu_s": self.agent_cpu_s,
             "kdamond_cpu_s": sum(self.kdamond_cpu_s.values()) if self.kdamond_cpu_s else None,
         }
+
+
+def cpu_times() -> list[int] | None:
+    """The machine-wide `cpu` line of /proc/stat (ticks: user nice system idle iowait irq
+    softirq steal ...), or None."""
+    try:
+        with open("/proc/stat") as f:
+            first = f.readline().split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    return [int(x) for x in first[1:]]
+
+
+def steal_fraction(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Share of all CPU time in [before, after] that the hypervisor stole (steal / total)."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    # guest and guest_nice (fields 9, 10) are already counted in user and nice
+    total = sum(after[:8]) - sum(before[:8])
+    if total <= 0:
+        return None
+    return max(0.0, (after[7] - before[7]) / total)

@@ -212,7 +212,7 @@ def _finalize_apps(out: Path, exp: spec.Experiment, runs: list, env: dict[str, A
                    analysis: Analysis, planned: int, elapsed_s: float | None) -> Finalized:
     """report.md (and a memory-over-time figure) of an app experiment (experiment/apps/)."""
     from damon_hp.experiment.apps import report as app_report
-    from damon_hp.experiment.writeup import _environment
+    from damon_hp.experiment.writeup import environment_lines
 
     command_path = out / "command.txt"
     command = command_path.read_text().strip() if command_path.exists() else "?"
@@ -223,7 +223,7 @@ def _finalize_apps(out: Path, exp: spec.Experiment, runs: list, env: dict[str, A
         memory_over_time(exp, runs, out / "plots")
     except ImportError as e:
         figures_error = f"matplotlib is not available ({e}); install the dev extras (make setup)"
-    text = app_report.render(exp, runs, planned, command, _environment(env),
+    text = app_report.render(exp, runs, planned, command, environment_lines(env),
                              spec.format_duration(elapsed_s) if elapsed_s else None)
     report = out / "report.md"
     report.write_text(text)

@@ -32,7 +32,7 @@ NORMALISED_PANELS = [
 ]
 
 
-def _colour(arm: str) -> str:
+def colour(arm: str) -> str:
     return COLOURS.get(arm, "#999999")
 
 
@@ -53,7 +53,7 @@ def _layout(fig: Any, top: float, bottom: float = 0.10) -> None:
     fig.subplots_adjust(left=0.1, right=0.97, bottom=bottom, top=top, wspace=0.3)
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
@@ -76,7 +76,7 @@ def _normalised(plt: Any, groups: list[GroupSummary], path: Path, title: str) ->
         for (gi, p), r in ratios.items():
             pi = arms.index(p)
             _bar_with_range(ax, gi + (pi - (len(arms) - 1) / 2) * width, r, width,
-                            _colour(p))
+                            colour(p))
         ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
     _legend(fig, arms)
     fig.suptitle(title, fontsize=11)
@@ -97,7 +97,7 @@ def _arms(groups: list[GroupSummary]) -> list[str]:
 def _legend(fig: Any, arms: list[str]) -> None:
     import matplotlib.patches as mpatches
 
-    handles = [mpatches.Patch(color=_colour(p), label=p) for p in arms]
+    handles = [mpatches.Patch(color=colour(p), label=p) for p in arms]
     fig.legend(handles=handles, loc="upper center", ncol=min(len(arms), 7), fontsize=8,
                bbox_to_anchor=(0.5, 0.93), frameon=False)
 
@@ -118,7 +118,7 @@ def _memory(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> Non
                 if sp is None or sp.median is None:
                     continue
                 mib = 2**20
-                ax.bar(x, sp.median / mib, width, color=_colour(p))
+                ax.bar(x, sp.median / mib, width, color=colour(p))
                 if sp.lo is not None and sp.hi is not None:
                     ax.errorbar(x, sp.median / mib,
                                 yerr=[[(sp.median - sp.lo) / mib], [(sp.hi - sp.median) / mib]],
@@ -152,7 +152,7 @@ def _pareto(plt: Any, groups: list[GroupSummary], path: Path, title: str) -> Non
             ax.errorbar(x, y,
                         xerr=[[(m.median - m.lo) / mib], [(m.hi - m.median) / mib]],
                         yerr=[[(t.median - t.lo) * scale], [(t.hi - t.median) * scale]],
-                        fmt="o", color=_colour(p), capsize=2, linewidth=0.8, label=p)
+                        fmt="o", color=colour(p), capsize=2, linewidth=0.8, label=p)
             ax.annotate(p, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
             pts.append((x, y))
         front = _pareto_front(pts)
@@ -192,7 +192,7 @@ def _pressure(plt: Any, analysis: Analysis, workload: str, path: Path, title: st
         for pi, p in enumerate(arms):
             e = next((e for e in effects if e.threads == th and e.arm == p), None)
             _bar_with_range(ax, ti + (pi - (len(arms) - 1) / 2) * width,
-                            e.slowdown if e else None, width, _colour(p))
+                            e.slowdown if e else None, width, colour(p))
     ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
     ax.set_xlim(-0.5, len(threads) - 0.5)
     ax.set_xticks(range(len(threads)), [f"{t} thr" for t in threads])
@@ -218,7 +218,7 @@ def _timeline(plt: Any, runs: list[RunResult], workload: str, path: Path, title:
         t = [s["t"] for s in r.samples if s.get("anon_huge") is not None]
         y = [s["anon_huge"] / 2**20 for s in r.samples if s.get("anon_huge") is not None]
         if t:
-            ax.step(t, y, where="post", color=_colour(r.arm), label=r.arm, linewidth=1.2)
+            ax.step(t, y, where="post", color=colour(r.arm), label=r.arm, linewidth=1.2)
     ax.set_xlabel("seconds since the workload started")
     ax.set_ylabel("AnonHugePages (MiB)")
     ax.legend(fontsize=7, ncol=2)
@@ -274,29 +274,29 @@ def make_plots(analysis: Analysis, runs: list[RunResult], outdir: Path) -> dict[
             workloads.append(g.workload)
     for wl in workloads:
         figs: list[tuple[str, str]] = []
-        slug = _slug(wl)
+        name = slug(wl)
         for mem in ("sufficient", "insufficient"):
             groups = [g for g in analysis.groups if g.workload == wl and g.memory == mem]
             if not groups:
                 continue
-            p = outdir / f"{slug}_{mem}_normalised.png"
+            p = outdir / f"{name}_{mem}_normalised.png"
             _normalised(plt, groups, p, f"{wl}, {mem} memory: normalised to thp-never")
             figs.append((f"{mem} memory: runtime, faults and TLB misses relative to thp-never "
                          "(bars: median ratio; whiskers: per-repetition range; threads side by "
                          "side)", f"{outdir.name}/{p.name}"))
-            p = outdir / f"{slug}_{mem}_memory.png"
+            p = outdir / f"{name}_{mem}_memory.png"
             _memory(plt, groups, p, f"{wl}, {mem} memory: memory use per arm")
             figs.append((f"{mem} memory: peak RSS and mean AnonHugePages per arm",
                          f"{outdir.name}/{p.name}"))
-            p = outdir / f"{slug}_{mem}_pareto.png"
+            p = outdir / f"{name}_{mem}_pareto.png"
             _pareto(plt, groups, p, f"{wl}, {mem} memory: runtime vs memory")
             figs.append((f"{mem} memory: runtime against peak RSS (Pareto plot)",
                          f"{outdir.name}/{p.name}"))
-        p = outdir / f"{slug}_pressure.png"
+        p = outdir / f"{name}_pressure.png"
         if _pressure(plt, analysis, wl, p, f"{wl}: slowdown under memory pressure"):
             figs.append(("runtime with insufficient memory relative to sufficient memory, per "
                          "arm", f"{outdir.name}/{p.name}"))
-        p = outdir / f"{slug}_timeline.png"
+        p = outdir / f"{name}_timeline.png"
         if _timeline(plt, runs, wl, p, f"{wl}: AnonHugePages over time"):
             figs.append(("AnonHugePages over time, one line per arm",
                          f"{outdir.name}/{p.name}"))

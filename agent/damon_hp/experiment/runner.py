@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,11 @@ from damon_hp.damon import kdamond
 from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.experiment import arms, launch, workloads
+from damon_hp.experiment.apps import preflight
+from damon_hp.experiment.context import ERROR, Context, group_key, is_done
 from damon_hp.experiment.environment import in_vm, pmu_available
-from damon_hp.experiment.measure import Sampler
+from damon_hp.experiment.interrupts import deferred_interrupts, sigterm_as_interrupt
+from damon_hp.experiment.measure import Sampler, cpu_times, steal_fraction
 from damon_hp.experiment.memory import RunCgroup, ZramSwap, active_swap_bytes
 from damon_hp.experiment.progress import Progress
 from damon_hp.experiment.results import (
@@ -43,8 +45,6 @@ from damon_hp.experiment.results import (
     OOM,
     TIMEOUT,
     RunResult,
-    load_runs,
-    run_path,
     save_run,
     write_json_atomic,
 )
@@ -57,111 +57,15 @@ from damon_hp.experiment.spec import (
     expand,
 )
 
-ERROR = "error"  # the runner could not run the cell; retried on resume
 LAUNCHER = Path(__file__).resolve().parent / "launch.py"
 START_TIMEOUT_S = 300.0  # agent start-up under TCG can take a while
 AGENT_EXIT_TIMEOUT_S = 120.0
-
-
-class Interrupted(DamonHpError):
-    exit_code = 130
-
-
-def _raise_interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (and SIGHUP) take the same clean-up path as Ctrl-C."""
-    old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise KeyboardInterrupt.
-
-    For starting a child and registering its clean-up: interrupted between the fork and the
-    registration (inside Popen, which waits for the exec), the runner lost the child and left
-    it running (a fresh-clone run's Ctrl-C test, 2026-11-23). A child's exec resets the
-    handlers, so it is not affected.
-    """
-    got: list[int] = []
-
-    def note(signum: int, _frame: object) -> None:
-        got.append(signum)
-
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, note) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if got:
-        raise KeyboardInterrupt(f"signal {got[0]}")
-
-
-def group_key(cell: Cell) -> str:
-    return f"{cell.workload.name}_t{cell.threads}"
-
-
-@dataclass
-class Context:
-    exp: Experiment
-    out: Path
-    previous: list[Path] = field(default_factory=list)
-    vm: bool = False
-    limits: dict[str, int] = field(default_factory=dict)
-    progress: Progress | None = None
-    tlb: bool = False  # a PMU is there: count TLB misses with perf
-    # what outlives one run and is removed when the experiment ends or is interrupted (app
-    # seed data directories)
-    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-    _app_data: Path | None = None
-
-    def app_data(self) -> Path:
-        """The directory for the apps' shared data (seed data directories), removed at the end."""
-        if self._app_data is None:
-            self._app_data = self.out / "apps-data"
-            shutil.rmtree(self._app_data, ignore_errors=True)
-            self._app_data.mkdir(parents=True)
-            self.resources.callback(shutil.rmtree, self._app_data, True)
-        return self._app_data
-
-    def finished(self) -> dict[str, RunResult]:
-        runs: dict[str, RunResult] = {}
-        for d in [*self.previous, self.out]:
-            if (d / "runs").is_dir():
-                for r in load_runs(d):
-                    runs[r.cell_id] = r
-        return runs
-
-
-def is_done(ctx: Context, cell: Cell) -> bool:
-    for d in [ctx.out, *ctx.previous]:
-        p = run_path(d, cell.id)
-        if p.exists():
-            try:
-                status = json.loads(p.read_text()).get("status")
-            except (OSError, json.JSONDecodeError):
-                continue
-            if status != ERROR:
-                return True
-    return False
 
 
 def check_runnable(exp: Experiment, cells: list[Cell], vm: bool) -> None:
     """Every reason the experiment cannot run here, before anything starts."""
     problems = []
     for w in {c.workload.name: c.workload for c in cells if c.workload.app}.values():
-        from damon_hp.experiment.apps import preflight
-
         try:
             preflight(w.app or "", dict(w.params))
         except EnvironmentProblem as e:
@@ -368,30 +272,6 @@ def cmd_program(cmd: workloads.Command) -> str:
 def _close_quietly(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
-
-
-def cpu_times() -> list[int] | None:
-    """The machine-wide `cpu` line of /proc/stat (ticks: user nice system idle iowait irq
-    softirq steal ...), or None."""
-    try:
-        with open("/proc/stat") as f:
-            first = f.readline().split()
-    except OSError:
-        return None
-    if not first or first[0] != "cpu":
-        return None
-    return [int(x) for x in first[1:]]
-
-
-def steal_fraction(before: list[int] | None, after: list[int] | None) -> float | None:
-    """Share of all CPU time in [before, after] that the hypervisor stole (steal / total)."""
-    if not before or not after or len(before) < 8 or len(after) < 8:
-        return None
-    # guest and guest_nice (fields 9, 10) are already counted in user and nice
-    total = sum(after[:8]) - sum(before[:8])
-    if total <= 0:
-        return None
-    return max(0.0, (after[7] - before[7]) / total)
 
 
 @dataclass(frozen=True)

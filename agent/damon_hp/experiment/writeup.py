@@ -196,7 +196,7 @@ def detail_table(g: GroupSummary) -> list[str]:
     return lines
 
 
-def _environment(env: dict[str, Any]) -> list[str]:
+def environment_lines(env: dict[str, Any]) -> list[str]:
     where = env.get("where", "?")
     rows = [
         ("where", "inside the test VM (QEMU TCG, emulated CPU)" if where == "vm" else
@@ -268,7 +268,7 @@ def render(inp: ReportInput) -> str:
         "",
     ]
     lines += [f"- {c}" for c in caveats(inp)]
-    lines += ["", "## Environment", ""] + _environment(inp.environment)
+    lines += ["", "## Environment", ""] + environment_lines(inp.environment)
     lines += ["", "## Arms", "", "| arm | what it does | how it was applied here |",
               "|---|---|---|"]
     mechanisms: dict[str, str] = {}

@@ -32,13 +32,14 @@ from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
 from damon_hp.errors import DamonHpError
 from damon_hp.experiment import arms
 from damon_hp.experiment.apps import APP_CLASSES, params_of, skew
-from damon_hp.experiment.measure import Sampler
+from damon_hp.experiment.interrupts import deferred_interrupts
+from damon_hp.experiment.measure import Sampler, cpu_times, steal_fraction
 from damon_hp.experiment.spec import Cell
 from damon_hp.ranges import huge_starts
 
 if TYPE_CHECKING:
+    from damon_hp.experiment.context import Context
     from damon_hp.experiment.results import RunResult
-    from damon_hp.experiment.runner import Context
 
 AGENT_STOP_S = 60.0
 RECORD = "agent-record.json"
@@ -122,11 +123,10 @@ def memory_now(pid: int) -> dict[str, int | None]:
 
 def _start_agent(pid: int, state: arms.RunState, stack: contextlib.ExitStack
                  ) -> subprocess.Popen[bytes]:
-    from damon_hp.experiment.runner import deferred_interrupts
 
     # --record: the agent's own snapshots, from which the report reads how skewed the
     # traffic was at huge-page granularity (skew.py)
-    argv = [arms._tool("damon-hp"), "attach", "--json", str(state.rundir / "agent.json"),
+    argv = [arms.tool("damon-hp"), "attach", "--json", str(state.rundir / "agent.json"),
             "--record", str(state.rundir / RECORD), *state.options.agent_args, str(pid)]
     with deferred_interrupts(), open(state.rundir / "agent.log", "wb") as log:
         agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -151,13 +151,11 @@ def _stop_agent(agent: subprocess.Popen[bytes]) -> int | None:
 
 
 def _steal(before: list[int] | None) -> float | None:
-    from damon_hp.experiment.runner import cpu_times, steal_fraction
 
     return steal_fraction(before, cpu_times())
 
 
 def measure(app: Any, server: Any, test: str, rundir: Path) -> dict[str, Any]:
-    from damon_hp.experiment.runner import cpu_times
 
     before_counters = app.counters()
     cpu0, stat0 = server.cpu_s(), cpu_times()
@@ -236,7 +234,6 @@ def execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -
             raise DamonHpError(f"damon-hp attach exited with {agent.returncode} during the "
                                f"warm-up; see {rundir / 'agent.log'}")
         cpu_stat0 = server.cpu_s()
-        from damon_hp.experiment.runner import cpu_times
 
         stat0 = cpu_times()
         mark("measure_start")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from damon_hp.experiment.plots import _colour, _slug
+from damon_hp.experiment.plots import colour, slug
 from damon_hp.experiment.results import OK, RunResult
 from damon_hp.experiment.spec import Experiment
 
@@ -29,13 +29,13 @@ def memory_over_time(exp: Experiment, runs: list[RunResult], out: Path) -> list[
         for arm, r in first.items():
             t = [s["t"] for s in r.samples]
             ax_rss.plot(t, [(s.get("rss") or 0) / 2**20 for s in r.samples], label=arm,
-                        color=_colour(arm), linewidth=1)
+                        color=colour(arm), linewidth=1)
             ax_huge.plot(t, [(s.get("anon_huge") or 0) / 2**20 for s in r.samples], label=arm,
-                         color=_colour(arm), linewidth=1)
+                         color=colour(arm), linewidth=1)
             warm = r.app.get("marks", {}).get("warmed_up")
             if warm is not None:
                 for ax in (ax_rss, ax_huge):
-                    ax.axvline(warm, color=_colour(arm), linestyle=":", linewidth=0.7)
+                    ax.axvline(warm, color=colour(arm), linestyle=":", linewidth=0.7)
         ax_rss.set_title("server RSS (MiB)")
         ax_huge.set_title("server AnonHugePages (MiB)")
         for ax in (ax_rss, ax_huge):
@@ -43,7 +43,7 @@ def memory_over_time(exp: Experiment, runs: list[RunResult], out: Path) -> list[
         ax_huge.legend(fontsize=7)
         fig.suptitle(f"{w.name}: memory over time, repetition {min(r.rep for r in first.values())}")
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.85, wspace=0.25)
-        path = out / f"memory-{_slug(w.name)}.png"
+        path = out / f"memory-{slug(w.name)}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         made.append(path)

@@ -29,6 +29,7 @@ from damon_hp import procfs
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.experiment.apps import server as srv
 from damon_hp.experiment.apps.client import ClientResult, quantile
+from damon_hp.experiment.interrupts import deferred_interrupts
 
 TOOLS = ("redis-server", "redis-cli", "redis-benchmark")
 TESTS = ("get", "set")
@@ -233,7 +234,6 @@ class Redis:
 
     def _pipe(self, chunks: Iterator[bytes], out: Path, what: str) -> float:
         """Feed RESP commands to `redis-cli --pipe`; seconds taken."""
-        from damon_hp.experiment.runner import deferred_interrupts
 
         t0 = time.monotonic()
         with open(out, "wb") as f:

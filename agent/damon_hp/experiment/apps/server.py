@@ -19,6 +19,7 @@ from typing import BinaryIO
 
 from damon_hp import procfs
 from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.experiment.interrupts import deferred_interrupts
 
 PR_SET_THP_DISABLE = 41
 STOP_GRACE_S = 120.0  # a clean shutdown of a big InnoDB buffer pool takes a while
@@ -108,7 +109,6 @@ def start(name: str, argv: list[str], env: dict[str, str], log: Path, port: int,
           thp_disable: bool, stack: contextlib.ExitStack) -> Server:
     """Start the server as our child in a new session; its stop is registered in `stack`
     before a signal can get between the fork and the registration."""
-    from damon_hp.experiment.runner import deferred_interrupts
 
     check_port_free(port)
     with deferred_interrupts(), open(log, "ab") as out:
@@ -127,7 +127,6 @@ def start(name: str, argv: list[str], env: dict[str, str], log: Path, port: int,
 def spawn(argv: list[str], stdin: int | None, stdout: BinaryIO) -> subprocess.Popen[bytes]:
     """Start a client or loader as our child in a session of its own (stderr to `stdout`),
     a Ctrl-C held until Popen has returned its pid to the caller, who must stop it."""
-    from damon_hp.experiment.runner import deferred_interrupts
 
     with deferred_interrupts():
         return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT,
@@ -138,7 +137,6 @@ def run_client(argv: list[str], out: Path, timeout_s: float, what: str,
                stdin: int | None = None) -> str:
     """Run a client or loader to completion (in a session of its own, killed on timeout or
     Ctrl-C); its output, saved to `out`. A non-zero exit is an error naming `what`."""
-    from damon_hp.experiment.runner import deferred_interrupts
 
     with open(out, "wb") as f:
         with deferred_interrupts():
