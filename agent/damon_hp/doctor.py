@@ -242,18 +242,21 @@ def read_tracefs() -> dict[str, Any]:
     if mount is None:
         # The agent mounts tracefs when it starts (events.mount_tracefs); until then the
         # kernel's symbols say which tracepoints it would find.
-        found = _tracepoints_in_kallsyms(("damon_aggregated", "mm_khugepaged_scan_pmd"))
+        found = _tracepoints_in_kallsyms(("damon_aggregated", "mm_khugepaged_scan_pmd",
+                                          "damon_monitor_intervals_tune"))
         return {
             "mount": None,
             "readable": False,
             "mountable": "tracefs" in (_read(Path("/proc/filesystems")) or ""),
             "damon_aggregated": "damon_aggregated" in found,
+            "damon_monitor_intervals_tune": "damon_monitor_intervals_tune" in found,
             "huge_memory": "mm_khugepaged_scan_pmd" in found,
         }
     return {
         "mount": mount,
         "readable": readable,
         "damon_aggregated": is_dir("events/damon/damon_aggregated"),
+        "damon_monitor_intervals_tune": is_dir("events/damon/damon_monitor_intervals_tune"),
         "huge_memory": is_dir("events/huge_memory"),
     }
 
@@ -407,6 +410,12 @@ def check_damon(status: damon.DamonStatus) -> list[Check]:
             out.append(Check(f"kdamond {k.index}", LIMITED,
                              f"{base}, NOT started by damon-hp: damon-hp never stops or "
                              "changes it", ""))
+    for m in status.unlisted:
+        out.append(Check(f"kdamond pid {m.pid}", LIMITED, f"{m.describe()}: NOT started by "
+                         "damon-hp, never stopped or changed by it"
+                         + ("; its DAMON context is exclusive: no other kdamond can start "
+                            "while it runs" if m.module else ""),
+                         "damon-hp reads its events (passive source)" if m.module else ""))
     out.append(check_new_kdamond(status))
     return out
 
@@ -439,6 +448,16 @@ def check_sources(status: damon.DamonStatus, tracefs: dict[str, Any],
     if not stream:
         found.append(("passive", "needs the damon:damon_aggregated tracepoint (mount tracefs)",
                       ""))
+    elif status.exclusive and not candidates:
+        m = status.exclusive[0]
+        tuned = (f"; {m.label} auto-tunes its intervals, damon-hp follows them"
+                 + ("" if tracefs.get("damon_monitor_intervals_tune") else
+                    " (no damon_monitor_intervals_tune event here: only as read at start)")
+                 if m.autotuned else "")
+        found.append(("passive", None,
+                      f"reads {m.describe()} through its events only (nothing written under "
+                      f"/sys/kernel/mm/damon or /sys/module){tuned}; a hot set shows after "
+                      "several aggregations; promotion by collapse only"))
     elif not candidates:
         found.append(("passive", "no running paddr kdamond that damon-hp did not start", ""))
     else:
@@ -475,9 +494,9 @@ def check_new_kdamond(status: damon.DamonStatus) -> Check:
     try:
         plan = damon.plan_placement(status)
     except EnvironmentProblem as e:
-        fix = ("leave it running if it is not yours; " + VM_HINT if status.foreign_running
-               else "")
-        return Check("new kdamond", LIMITED if status.foreign_running else MISSING,
+        held = bool(status.foreign_running or status.exclusive)
+        fix = "leave it running if it is not yours; " + VM_HINT if held else ""
+        return Check("new kdamond", LIMITED if held else MISSING,
                      "cannot add one now: " + str(e).removeprefix("damon-hp: "), fix)
     how = (f"kdamond dir {plan.index} will be created" if plan.set_nr_kdamonds is not None
            else f"idle kdamond dir {plan.index} will be reused")

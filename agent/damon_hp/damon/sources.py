@@ -22,9 +22,10 @@ from typing import Any, Protocol
 
 from .. import procfs
 from ..errors import DamonHpError, EnvironmentProblem
-from . import events, kdamond, placement, revmap
+from . import events, kdamond, modules, placement, revmap
 from .kdamond import KdamondStopped, OwnedKdamond
 from .model import Intervals, IntervalsGoal, Snapshot
+from .modules import ModuleKdamond
 from .status import (
     OWNER_FOREIGN,
     DamonStatus,
@@ -184,6 +185,9 @@ class ReverseMappedSource(_Base):
         # on the host before FrameReader (revmap.py), seconds for 1.3 GiB in the test VM, and
         # one per queued stale snapshot left the agent ever further behind (VM, paddr, 400 ms
         # aggregations: after a 20 s collapse step, 30 queued snapshots took the next 29 s).
+        # A DAMON module's kdamond may retune its intervals while we read (events.py follows).
+        tuned = self.stream.assembler
+        self.sample_us, self.aggr_us = tuned.sample_us, tuned.aggr_us
         phys = self.stream.latest_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
         if phys is None:
             if not self._alive():
@@ -306,8 +310,49 @@ def _pick_passive(found: DamonStatus, want_pid: int | None) -> KdamondInfo:
     return k
 
 
+def _pick_module(found: DamonStatus, want_pid: int | None) -> ModuleKdamond | None:
+    """The DAMON module kdamond to read passively, or None to look in sysfs instead.
+
+    A module's context is exclusive, so when one runs no sysfs kdamond does: it is the only
+    thing to read."""
+    if want_pid is not None:
+        m = next((m for m in found.unlisted if m.pid == want_pid), None)
+        if m is not None and not m.module:
+            raise EnvironmentProblem(
+                f"damon-hp: kdamond pid {want_pid} is not in DAMON sysfs and belongs to no DAMON "
+                "module damon-hp knows (DAMON_STAT, DAMON_RECLAIM, DAMON_LRU_SORT): its "
+                "intervals cannot be read, so its events cannot be interpreted")
+        return m
+    if any(k.owner == OWNER_FOREIGN and k.pid for k in found.running):
+        return None
+    return found.exclusive[0] if found.exclusive else None
+
+
+def _open_module_passive(pid: int, m: ModuleKdamond, reason: str) -> ReverseMappedSource:
+    """A DAMON module's kdamond, read through its events only; nothing is written anywhere
+    under /sys/kernel/mm/damon or /sys/module."""
+    if not (m.sample_us and m.aggr_us):
+        raise EnvironmentProblem(f"damon-hp: cannot read the intervals of {m.describe()}")
+    limits = passive_limits("none" if m.module == "damon_stat" else f"{m.label}'s")
+    if m.autotuned:
+        limits.insert(1, f"{m.label} auto-tunes its intervals while it runs: damon-hp follows "
+                      "them through damon_monitor_intervals_tune events")
+    stream = events.AggregatedEventStream(m.pid, sample_us=m.sample_us, aggr_us=m.aggr_us,
+                                          max_nr_regions=1000,
+                                          follow_tuning=m.autotuned).open()
+    if m.autotuned and not stream.follows_tuning:
+        limits.append("this kernel has no damon_monitor_intervals_tune event: intervals are "
+                      "those read at start")
+    return ReverseMappedSource("passive", reason, m.describe(), m.pid, m.sample_us,
+                               m.aggr_us, stream, pid, limits,
+                               lambda: modules.pid_alive(m.pid))
+
+
 def _open_passive(pid: int, request: SourceRequest, found: DamonStatus,
                   reason: str) -> ReverseMappedSource:
+    m = _pick_module(found, request.kdamond_pid)
+    if m is not None:
+        return _open_module_passive(pid, m, reason)
     k = _pick_passive(found, request.kdamond_pid)
     iv = read_intervals(k.index)
     if iv is None:
