@@ -210,12 +210,38 @@ def collapse_scheme(ranges: Sequence[AddrRange]) -> Scheme | None:
 # carrying out a decision
 
 
+# --collapse-with: who collapses a range damon-hp chose. "auto" takes DAMOS where the kernel
+# has the action and damon-hp owns a vaddr kdamond (docs/collapse.md has the measurement).
+COLLAPSE_WITH = ("auto", "damos", "madvise")
+
+
+def use_damos_collapse(choice: str, host: SchemeHost | None) -> bool:
+    """Whether promotions go through the DAMOS collapse action, for `--collapse-with`.
+
+    Raises EnvironmentProblem when `damos` was asked for and cannot be had."""
+    if choice == "madvise":
+        return False
+    supported = False
+    if host is not None:
+        try:
+            supported = host.supports_action("collapse")
+        except DamonHpError:
+            supported = False
+    if choice == "damos" and not supported:
+        why = ("the access source is not a vaddr kdamond of damon-hp's" if host is None
+               else "this kernel's DAMOS has no collapse action (Linux 7.2+)")
+        raise EnvironmentProblem(f"damon-hp: --collapse-with damos: {why}; use "
+                                 "--collapse-with madvise or auto")
+    return supported
+
+
 class SchemeHost(Protocol):
     """What the actuator needs of a kdamond of ours to install DAMOS schemes (OwnedKdamond)."""
 
     def set_schemes(self, schemes: Sequence[Scheme]) -> None: ...
     def scheme_stats(self) -> list[SchemeStats]: ...
     def is_running(self) -> bool: ...
+    def supports_action(self, name: str) -> bool: ...
 
 
 class HugeMap(Protocol):

@@ -129,12 +129,7 @@ class Agent:
         owned = self.source.owned
         if owned is not None and owned.autotuned:
             self.report.notes.append("DAMON interval auto-tuning is on (intervals_goal)")
-        damos_collapse = False
-        if owned is not None:
-            try:
-                damos_collapse = owned.supports_action("collapse")
-            except DamonHpError:
-                damos_collapse = False
+        damos_collapse = actuate.use_damos_collapse(self.opts.collapse_with, owned)
         if damos_collapse:
             self.report.notes.append("promotions through the DAMOS collapse action")
         self.actuator = actuate.Actuator(self.target, self.files, owned,

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from damon_hp import policy
+from damon_hp.actuate import COLLAPSE_WITH
 from damon_hp.damon.model import Intervals
 from damon_hp.damon.sources import SourceRequest, parse_source
 from damon_hp.errors import EnvironmentProblem
@@ -54,6 +55,7 @@ class AgentOptions:
     dry_run: bool = False
     perf: bool = False
     trace: bool = False
+    collapse_with: str = "auto"  # actuate.COLLAPSE_WITH
 
     def to_dict(self) -> dict[str, Any]:
         m = self.monitor
@@ -67,6 +69,7 @@ class AgentOptions:
             "source": str(m.source),
             "policy": asdict(self.params),
             "dry_run": self.dry_run,
+            "collapse_with": self.collapse_with,
         }
 
 
@@ -211,6 +214,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      metavar="SIZE|PCT%",
                      help="budget of promoted memory: bytes (512M) or a share of RSS (25%%); "
                      "default: no budget")
+    pol.add_argument("--collapse-with", choices=COLLAPSE_WITH, default="auto",
+                     help="how a hot range is collapsed: damos (the kernel's DAMOS collapse "
+                     "action, Linux 7.2+, needs the vaddr source), madvise "
+                     "(process_madvise(MADV_COLLAPSE) from damon-hp), or auto (damos where it "
+                     "works; see docs/collapse.md for the measurement behind it)")
     pol.add_argument("--collapse-rate", type=parse_size, default=d.collapse_bytes_per_s,
                      metavar="SIZE", help="bytes per second the agent may collapse "
                      "(default 256M: collapse copies memory and may compact)")
@@ -269,6 +277,7 @@ def options_from_args(args: argparse.Namespace) -> AgentOptions:
         dry_run=args.dry_run,
         perf=getattr(args, "perf", False),
         trace=getattr(args, "trace", False),
+        collapse_with=getattr(args, "collapse_with", "auto"),
     )
 
 
