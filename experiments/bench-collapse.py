@@ -8,7 +8,7 @@ and watch /proc/PID/smaps every 0.5 s until the run ends. Reported, from the ker
 tables (smaps AnonHugePages) and the JSON summary:
 
   time to 90 %   seconds from hotcold's first line until 90 % of the hot range is PMD-mapped;
-  hot / cold     the shares of the hot and cold ranges huge at the end;
+  hot / cold     the largest shares of the hot and cold ranges seen huge;
   agent CPU      the agent's CPU time (RUSAGE_SELF: with madvise it includes the kernel copying
                  the promoted memory, charged to the caller) as % of one core over its wall time;
   kdamond CPU    our kdamond's CPU time, same basis (with damos the copy is charged to it);
@@ -75,13 +75,15 @@ def one_run(mode: str, args: argparse.Namespace, workdir: Path, rep: int) -> dic
     r = json.loads(first)
     hot = AddrRange(r["hot"]["start"], r["hot"]["end"])
     cold = AddrRange(r["cold"]["start"], r["cold"]["end"])
+    # Peaks, not the last reading: the last one may catch hotcold unmapping at its exit.
     t90, last = None, (0.0, 0.0)
     while proc.poll() is None:
         try:
-            last = shares(r["pid"], hot, cold)
+            now = shares(r["pid"], hot, cold)
         except (procfs.ProcessGone, OSError):
             break
-        if t90 is None and last[0] >= SHARE:
+        last = (max(last[0], now[0]), max(last[1], now[1]))
+        if t90 is None and now[0] >= SHARE:
             t90 = time.monotonic() - ready
         time.sleep(0.5)
     _, err = proc.communicate()
