@@ -228,6 +228,9 @@ class VmTier:
                 cmd, memory=VM_MEMORY, timeout_s=VM_TIMEOUT_S, stdout=out, stderr=out,
                 run_dir=run_dir, kernel=self.kernel,
             )
+        except testvm.VmTerminated as err:
+            # SIGTERM stops the session: no other kernel's VM may boot after it.
+            pytest.exit(str(err), returncode=err.exit_code)
         except testvm.DamonHpError as err:
             self.setup_error = str(err)
             print(f"===== vm tier: cannot start the VM: {err}", file=out)
