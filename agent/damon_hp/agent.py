@@ -112,7 +112,8 @@ class Agent:
             if m.autotune
             else None
         )
-        settings = MonitorSettings(m.intervals, m.min_nr_regions, m.max_nr_regions, goal)
+        settings = MonitorSettings(m.intervals, m.min_nr_regions, m.max_nr_regions, goal,
+                                   m.pause_damon_stat)
         # open_source checks everything (ops, busy DAMON, stale kdamonds of dead agents)
         # before it writes; no separate pre-check, whose probe costs seconds in the test VM.
         self.source = open_source(m.source, self.target.pid, settings)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import damon, kconfig
+from .damon import module_pause
 from .damon.io import DamonBusy
 from .damon.status import detect_features
 from .errors import EnvironmentProblem
@@ -80,6 +81,8 @@ class Facts:
     foreign: dict[str, Any] = field(default_factory=dict)
     """per running kdamond not ours (by index): its intervals and scheme actions, for the
     passive source"""
+    paused: list[str] = field(default_factory=list)
+    """DAMON modules damon-hp paused (--pause-damon-stat), as module_pause describes them"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -310,6 +313,7 @@ def gather(wants: list[kconfig.Want]) -> Facts:
         btf=Path("/sys/kernel/btf/vmlinux").exists(),
         pmu=probe_pmu(),
         foreign=read_foreign_kdamonds(status),
+        paused=[r.describe() for r in module_pause.read_records()],
     )
 
 
@@ -612,6 +616,8 @@ def evaluate(facts: Facts, wants: list[kconfig.Want]) -> list[Check]:
         *check_config(facts.kconfig_source, facts.kconfig, wants),
         *check_damon(status),
         *check_sources(status, facts.tracefs, facts.foreign),
+        *(Check("paused module", LIMITED, p, "damon-hp turns it back on when that run stops")
+          for p in facts.paused),
         check_thp(facts.thp),
         check_madv_collapse(facts.madv_collapse),
         check_process_madvise(facts.process_madvise),

@@ -42,6 +42,7 @@ class MonitorOptions:
     max_nr_regions: int = 1000
     autotune: bool = True
     source: SourceRequest = field(default_factory=SourceRequest)
+    pause_damon_stat: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      "DAMON_RECLAIM), never writing to DAMON; =PID picks which kdamond. "
                      "--sample-us, --aggr-us and the region limits apply to our own kdamonds "
                      "only; a passive source runs at its owner's intervals")
+    mon.add_argument("--pause-damon-stat", action="store_true",
+                     help="where DAMON_STAT (7.2+) holds DAMON exclusively, stop it for this run "
+                     "so that damon-hp can start its own kdamond (vaddr: DAMOS marks and "
+                     "collapse), and turn it back on when damon-hp stops, however it stops "
+                     "(after a SIGKILL: at the next damon-hp start). Never the default")
     mon.add_argument("--sample-us", type=_positive_int, default=SAMPLE_US, metavar="US",
                      help=f"sampling interval (default {SAMPLE_US}: DAMON's 5000 sees a randomly "
                      "read buffer as barely accessed, since one 4 KiB page is rarely touched "
@@ -268,7 +274,7 @@ def options_from_args(args: argparse.Namespace) -> AgentOptions:
         )
     return AgentOptions(
         monitor=MonitorOptions(intervals, args.min_regions, args.max_regions, args.autotune,
-                               args.source),
+                               args.source, getattr(args, "pause_damon_stat", False)),
         params=params,
         json_path=args.json_path,
         record_path=args.record_path,

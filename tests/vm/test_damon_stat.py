@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -131,3 +132,63 @@ def test_run_with_no_option_promotes_the_hot_buffer_through_damon_stats_events(
     assert src["reason"].startswith("auto: ") and "DAMON_STAT" in src["reason"], src
     assert s["kdamond_cpu_s"] is None, "DAMON_STAT's CPU is the kernel's, not damon-hp's"
     assert s["snapshots"] > 0 and hc.pid > 0
+
+
+# --------------------------------------------------------------------------------------------
+# --pause-damon-stat: the user's explicit choice of damon-hp's own kdamond
+
+
+def _wait_for(cond, timeout_s: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return cond()
+
+
+def test_pause_damon_stat_runs_vaddr_and_turns_damon_stat_back_on_at_sigterm(tmp_path) -> None:
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen([DAMON_HP, "run", "-q", "--pause-damon-stat", "--json", str(out),
+                             "--", "workloads/bin/hotcold", "--hot", "16M", "--cold", "16M",
+                             "--seconds", "300"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline(), "hotcold did not start"
+        assert _wait_for(lambda: stat_state()[0] == "N"), "DAMON_STAT was not paused"
+        st = json.loads(subprocess.run([DAMON_HP, "status", "--json"], capture_output=True,
+                                       text=True, timeout=120).stdout)
+        assert [(p["module"], p["agent_pid"], p["agent_alive"]) for p in st["paused_modules"]] \
+            == [("damon_stat", proc.pid, True)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    s = json.loads(out.read_text())["summary"]["source"]
+    assert s["name"] == "vaddr" and s["paused_module"] == "damon_stat", s
+    assert stat_state()[0] == "Y"  # and the fixture checks it is a running kdamond again
+
+
+def test_pause_left_by_a_sigkilled_agent_is_undone_by_the_next_start() -> None:
+    target = subprocess.Popen(["sleep", "600"])
+    agent = subprocess.Popen([DAMON_HP, "attach", "-q", "--pause-damon-stat", str(target.pid)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: stat_state()[0] == "N"), "DAMON_STAT was not paused"
+        assert _wait_for(lambda: probe().running != ()), "damon-hp's kdamond did not start"
+        agent.kill()  # SIGKILL: no clean-up can run
+        agent.wait()
+        assert stat_state()[0] == "N", "nothing but the next start may turn it back on"
+        r = subprocess.run([DAMON_HP, "doctor"], capture_output=True, text=True, timeout=300)
+        assert "DAMON_STAT paused" in r.stdout and "which is gone" in r.stdout, r.stdout
+        r = subprocess.run([DAMON_HP, "run", "-q", "--", "true"], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert stat_state()[0] == "Y"
+        assert probe().running == (), "the dead agent's kdamond was not stopped"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        target.kill()
+        target.wait()

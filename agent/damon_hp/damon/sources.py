@@ -16,13 +16,14 @@ policy does not know which source it has. `open_source(request, pid, monitor)` p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import procfs
 from ..errors import DamonHpError, EnvironmentProblem
-from . import events, kdamond, modules, placement, revmap
+from . import events, kdamond, module_pause, modules, placement, revmap
 from .kdamond import KdamondStopped, OwnedKdamond
 from .model import Intervals, IntervalsGoal, Snapshot
 from .modules import ModuleKdamond
@@ -75,6 +76,8 @@ class MonitorSettings:
     min_nr_regions: int
     max_nr_regions: int
     intervals_goal: IntervalsGoal | None
+    # --pause-damon-stat: stop DAMON_STAT for the run when it holds DAMON (module_pause.py)
+    pause_damon_stat: bool = False
 
 
 class AccessSource(Protocol):
@@ -378,6 +381,8 @@ def probe_for(request: SourceRequest, who: str = "damon-hp") -> DamonStatus:
     # (only ever one an ownership record proves ours), then judge what DAMON offers.
     if request.kind != "passive":
         kdamond.reclaim_stale()
+    # A module a SIGKILLed agent of ours paused: back on before anything is judged.
+    module_pause.restore_stale()
     events.remove_stale_instances()
     found = probe()
     if not found.sysfs_present:
@@ -407,9 +412,47 @@ def choose_kind(request: SourceRequest, found: DamonStatus,
     return "passive", "auto: " + "; ".join(refusals), refusals
 
 
+class ModulePausedSource:
+    """A source opened after damon-hp paused a DAMON module for this run: closing it (every
+    exit path of the agent closes its source) turns the module back on."""
+
+    def __init__(self, inner: AccessSource, rec: module_pause.PauseRecord) -> None:
+        self._inner = inner
+        self.paused = rec
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def snapshot(self) -> Snapshot | None:
+        return self._inner.snapshot()
+
+    def info(self) -> dict[str, Any]:
+        d = self._inner.info()
+        d["limits"] = [f"{self.paused.label} is paused for this run (--pause-damon-stat) and "
+                       "turned back on when damon-hp stops", *d["limits"]]
+        d["paused_module"] = self.paused.module
+        return d
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            module_pause.restore(self.paused)
+
+
 def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> AccessSource:
     """Open the requested source (auto: the first that works) or say why none can."""
     found = probe_for(request)
+    if (mon.pause_damon_stat and request.kind != "passive"
+            and any(m.module == "damon_stat" for m in found.exclusive)):
+        rec = module_pause.pause("damon_stat")
+        if rec is not None:
+            try:
+                inner = open_source(request, pid, dataclasses.replace(mon, pause_damon_stat=False))
+            except BaseException:
+                module_pause.restore(rec)
+                raise
+            return ModulePausedSource(inner, rec)
     kind, why, refusals = choose_kind(request, found, f"asked for with --source {request.kind}")
     if kind == "vaddr":
         return _open_vaddr(pid, mon, why)
