@@ -126,3 +126,58 @@ def test_retune_keeps_the_samples_per_aggregation_and_moves_both_intervals():
     a = SnapshotAssembler(sample_us=20_000, aggr_us=400_000, clock=None)
     a.retune(12_500)
     assert (a.sample_us, a.aggr_us, a.retunes) == (12_500, 250_000, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# module_pause: --pause-damon-stat's record and its restoration (fake /sys/module tree)
+
+
+def _stat_tree(tmp_path: Path) -> tuple[Path, Path]:
+    sysmod = tmp_path / "module"
+    (sysmod / "damon_stat" / "parameters").mkdir(parents=True)
+    (sysmod / "damon_stat" / "parameters" / "enabled").write_text("Y\n")
+    run = tmp_path / "run"
+    return sysmod, run
+
+
+def test_pause_records_first_then_turns_off_and_restore_puts_back_what_was_there(tmp_path):
+    from damon_hp.damon import module_pause
+
+    sysmod, run = _stat_tree(tmp_path)
+    rec = module_pause.pause("damon_stat", run, sysmod)
+    assert rec is not None and rec.previous == "Y" and rec.agent_alive()
+    assert (sysmod / "damon_stat/parameters/enabled").read_text() == "N"
+    assert module_pause.read_records(run) == [rec]
+    assert module_pause.restore_stale(run, sysmod) == []  # its agent (this process) lives
+    module_pause.restore(rec, run, sysmod)
+    assert (sysmod / "damon_stat/parameters/enabled").read_text() == "Y"
+    assert module_pause.read_records(run) == []
+
+
+def test_a_module_that_is_off_is_not_paused(tmp_path):
+    from damon_hp.damon import module_pause
+
+    sysmod, run = _stat_tree(tmp_path)
+    (sysmod / "damon_stat/parameters/enabled").write_text("N\n")
+    assert module_pause.pause("damon_stat", run, sysmod) is None
+    assert module_pause.read_records(run) == []
+
+
+def test_the_pause_of_a_dead_agent_is_undone_by_the_next_start(tmp_path):
+    import dataclasses
+    import json
+    import subprocess
+
+    from damon_hp.damon import module_pause
+
+    sysmod, run = _stat_tree(tmp_path)
+    rec = module_pause.pause("damon_stat", run, sysmod)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = dataclasses.replace(rec, agent_pid=dead.pid)
+    (run / "paused-damon_stat.json").write_text(json.dumps(dataclasses.asdict(stale)))
+    assert "gone" in module_pause.read_records(run)[0].describe()
+    done = module_pause.restore_stale(run, sysmod)
+    assert len(done) == 1 and "DAMON_STAT turned back on" in done[0]
+    assert (sysmod / "damon_stat/parameters/enabled").read_text() == "Y"
+    assert module_pause.read_records(run) == []
