@@ -210,8 +210,11 @@ def collapse_scheme(ranges: Sequence[AddrRange]) -> Scheme | None:
 # carrying out a decision
 
 
-# --collapse-with: who collapses a range damon-hp chose. "auto" takes DAMOS where the kernel
-# has the action and damon-hp owns a vaddr kdamond (docs/collapse.md has the measurement).
+# --collapse-with: who collapses a range damon-hp chose. "auto" is process_madvise: measured in
+# the 7.3 test VM (docs/collapse.md, experiments/bench-collapse.py, 5 interleaved pairs), it
+# made more of the hot set huge sooner than the DAMOS collapse action in every pair, whose
+# collapses land only at a later apply interval and are checked a snapshot or more after that;
+# the CPU moves from the agent to the kdamond but does not shrink.
 COLLAPSE_WITH = ("auto", "damos", "madvise")
 # A range handed to the DAMOS collapse scheme is checked at each later snapshot and declared
 # NOT_COLLAPSED only after this many checks. The kdamond takes a committed scheme at its next
@@ -223,10 +226,11 @@ DAMOS_COLLAPSE_CHECKS = 3
 
 
 def use_damos_collapse(choice: str, host: SchemeHost | None) -> bool:
-    """Whether promotions go through the DAMOS collapse action, for `--collapse-with`.
+    """Whether promotions go through the DAMOS collapse action, for `--collapse-with`
+    (`auto`: no, see COLLAPSE_WITH).
 
     Raises EnvironmentProblem when `damos` was asked for and cannot be had."""
-    if choice == "madvise":
+    if choice != "damos":
         return False
     supported = False
     if host is not None:
@@ -234,7 +238,7 @@ def use_damos_collapse(choice: str, host: SchemeHost | None) -> bool:
             supported = host.supports_action("collapse")
         except DamonHpError:
             supported = False
-    if choice == "damos" and not supported:
+    if not supported:
         why = ("the access source is not a vaddr kdamond of damon-hp's" if host is None
                else "this kernel's DAMOS has no collapse action (Linux 7.2+)")
         raise EnvironmentProblem(f"damon-hp: --collapse-with damos: {why}; use "

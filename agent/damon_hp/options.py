@@ -223,8 +223,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     pol.add_argument("--collapse-with", choices=COLLAPSE_WITH, default="auto",
                      help="how a hot range is collapsed: damos (the kernel's DAMOS collapse "
                      "action, Linux 7.2+, needs the vaddr source), madvise "
-                     "(process_madvise(MADV_COLLAPSE) from damon-hp), or auto (damos where it "
-                     "works; see docs/collapse.md for the measurement behind it)")
+                     "(process_madvise(MADV_COLLAPSE) from damon-hp), or auto (default: "
+                     "madvise, faster in the measurement in docs/collapse.md)")
     pol.add_argument("--collapse-rate", type=parse_size, default=d.collapse_bytes_per_s,
                      metavar="SIZE", help="bytes per second the agent may collapse "
                      "(default 256M: collapse copies memory and may compact)")
