@@ -51,41 +51,52 @@ def _shares(pid: int, hot: AddrRange, cold: AddrRange) -> tuple[int, int]:
 def test_only_chosen_ranges_become_huge_and_the_summary_counts_what_did(
         tmp_path, actuator: str) -> None:
     out = tmp_path / "out.json"
-    proc = subprocess.Popen([DAMON_HP, "run", "-q", "--source", "vaddr", "--collapse-with",
-                             actuator, "--json", str(out), "--", HOTCOLD, "--hot", "64M",
-                             "--cold", "128M", "--seconds", "300"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # attach, not run: the agent stops (SIGINT) while hotcold still runs, so the final smaps
+    # reading sees exactly what the agent left, after its last action.
+    target = subprocess.Popen([HOTCOLD, "--hot", "64M", "--cold", "128M", "--seconds", "600"],
+                              stdout=subprocess.PIPE, text=True)
+    agent = None
     samples = []
     try:
-        d = json.loads(proc.stdout.readline())
+        d = json.loads(target.stdout.readline())
         hot = AddrRange(d["hot"]["start"], d["hot"]["end"])
         cold = AddrRange(d["cold"]["start"], d["cold"]["end"])
+        agent = subprocess.Popen([DAMON_HP, "attach", "-q", "--source", "vaddr",
+                                  "--collapse-with", actuator, "--json", str(out),
+                                  str(target.pid)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         t0 = time.monotonic()
         while time.monotonic() - t0 < DEADLINE_S:
-            h, c = _shares(d["pid"], hot, cold)
+            h, c = _shares(target.pid, hot, cold)
             samples.append((round(time.monotonic() - t0, 1), h // HUGE, c // HUGE))
             if h >= HOT_SHARE * hot.size:
                 break
             time.sleep(1.0)
-        # Let pending DAMOS collapses settle before the final reading (they are checked a
-        # snapshot or three later), then stop the agent while hotcold still runs.
+        # Let pending DAMOS collapses be checked (a snapshot or three later), then stop.
         time.sleep(3.0)
-        hot_huge, cold_huge = _shares(d["pid"], hot, cold)
+        agent.send_signal(signal.SIGINT)
+        _, err = agent.communicate(timeout=300)
+        assert target.poll() is None, "attach must leave its target running"
+        hot_huge, cold_huge = _shares(target.pid, hot, cold)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        target.kill()
+        target.wait()
     print(f"{actuator}: (t, hot ranges huge, cold ranges huge) {samples}")
-    assert proc.returncode == 0, err
+    assert agent.returncode == 0, err
     assert hot_huge >= HOT_SHARE * hot.size, f"hot set not {HOT_SHARE:.0%} huge: {samples}"
     assert cold_huge <= COLD_SHARE * cold.size, f"cold memory made huge: {samples}"
     report = json.loads(out.read_text())
     s = report["summary"]
     notes = " ".join(s.get("notes", [])) + err
     assert ("DAMOS collapse action" in notes) == (actuator == "damos"), notes
-    # Counted = became huge: every huge byte of the buffers was counted, and the count holds
-    # nothing that did not end huge (the agent stopped while the buffers were still mapped).
+    # Counted = became huge: every huge byte of the buffers was counted as a promotion, and
+    # nothing was counted that is not huge now. A DAMOS collapse the kdamond applied after the
+    # agent's last check is huge but uncounted: one range of slack that way.
     held = hot_huge + cold_huge
-    assert s["promoted_bytes"] >= held - HUGE, (s["promoted_bytes"], held, err)
-    assert s["promoted_bytes"] <= held + 2 * HUGE, (s["promoted_bytes"], held, err)
+    slack = HUGE if actuator == "damos" else 0
+    assert held - slack <= s["promoted_bytes"] <= held, (s["promoted_bytes"], held, err)
     kinds = {a.get("action") for a in report["actions"]}
     assert ("damos_collapse" in kinds) == (actuator == "damos"), kinds
