@@ -64,14 +64,19 @@ def thp_never() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def damon_stat_untouched() -> Iterator[tuple[str, int]]:
-    """DAMON_STAT runs before and after, same kdamond; no sysfs kdamond, no tracefs instance
-    and no record of damon-hp's left."""
+def damon_stat_untouched(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
+    """DAMON_STAT runs before and after (the same kdamond, unless the test paused it on
+    purpose: then a new one); no sysfs kdamond, no tracefs instance, no record of ours left."""
     before = stat_state()
     assert before[0] == "Y" and before[1] > 0, f"DAMON_STAT is not running: {before}"
     assert probe().kdamonds == (), "DAMON sysfs has a kdamond dir beside DAMON_STAT"
     yield before
-    assert stat_state() == before, "DAMON_STAT was changed"
+    after = stat_state()
+    if "pause" in request.node.name:
+        assert after[0] == "Y" and after[1] > 0, f"DAMON_STAT was not turned back on: {after}"
+        assert [m.pid for m in module_kdamonds()] == [after[1]], "DAMON_STAT's kdamond is gone"
+    else:
+        assert after == before, "DAMON_STAT was changed"
     assert probe().kdamonds == ()
     assert [n for n in os.listdir(INSTANCES) if n.startswith(INSTANCE_PREFIX)] == []
     assert ownership.read_records() == {}
