@@ -48,9 +48,11 @@ $(STAMPS)/venv: pyproject.toml | $(STAMPS)
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
-# `make kernel PIN=latest` (or PIN=<debian version>) re-pins kernel-config/pinned-kernel.env.
+# `make kernel` fetches both pinned test kernels (kernel-config/README.md). `make kernel PIN=latest`
+# (or PIN=<debian version>) re-pins the main one, kernel-config/pinned-kernel.env; add KERNEL=lts
+# for the second one, kernel-config/pinned-kernel-lts.env.
 kernel: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
-	@kernel-config/fetch-kernel.sh $(if $(PIN),--repin '$(PIN)')
+	@kernel-config/fetch-kernel.sh $(if $(KERNEL),--kernel '$(KERNEL)') $(if $(PIN),--repin '$(PIN)')
 
 workloads: $(STAMPS)/apt-$(shell echo '$(APT_PACKAGES)' | sha1sum | cut -c1-12)
 	@$(MAKE) -s -C workloads
@@ -88,11 +90,11 @@ test-vm: setup
 # MEM=6G gives the VM more memory (default 4G). make itself exits 2 when CMD fails; the
 # command's own exit code is printed (`.venv/bin/damon-hp vm run -- CMD` returns it as is).
 vm-shell: setup
-	@$(VENV)/bin/damon-hp vm shell $(if $(MEM),--mem $(MEM))
+	@$(VENV)/bin/damon-hp vm shell $(if $(MEM),--mem $(MEM)) $(if $(KERNEL),--kernel $(KERNEL))
 
 vm-run: setup
-	@$(if $(strip $(CMD)),true,echo "usage: make vm-run CMD='command args' [MEM=6G]" >&2; exit 2)
-	@$(VENV)/bin/damon-hp vm run $(if $(MEM),--mem $(MEM)) -- $(CMD) || { rc=$$?; \
+	@$(if $(strip $(CMD)),true,echo "usage: make vm-run CMD='command args' [MEM=6G] [KERNEL=lts]" >&2; exit 2)
+	@$(VENV)/bin/damon-hp vm run $(if $(MEM),--mem $(MEM)) $(if $(KERNEL),--kernel $(KERNEL)) -- $(CMD) || { rc=$$?; \
 		echo "vm-run: the command exited with $$rc" >&2; exit $$rc; }
 
 clean:

@@ -86,7 +86,8 @@ class Agent:
             if m.autotune
             else None
         )
-        settings = MonitorSettings(m.intervals, m.min_nr_regions, m.max_nr_regions, goal)
+        settings = MonitorSettings(m.intervals, m.min_nr_regions, m.max_nr_regions, goal,
+                                   m.pause_damon_stat)
         # open_source checks everything (ops, busy DAMON, stale kdamonds of dead agents)
         # before it writes; no separate pre-check, whose probe costs seconds in the test VM.
         self.source = open_source(m.source, self.target.pid, settings)
@@ -103,12 +104,7 @@ class Agent:
                 "(physical regions mix frames of hot and cold pages, of every process)")
         if owned is not None and owned.autotuned:
             self.report.notes.append("DAMON interval auto-tuning is on (intervals_goal)")
-        damos_collapse = False
-        if owned is not None:
-            try:
-                damos_collapse = owned.supports_action("collapse")
-            except DamonHpError:
-                damos_collapse = False
+        damos_collapse = actuate.use_damos_collapse(self.opts.collapse_with, owned)
         if damos_collapse:
             self.report.notes.append("promotions through the DAMOS collapse action")
         actuator = actuate.Actuator(self.target, self.files, owned, dry_run=self.opts.dry_run,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import damon, kconfig
+from .damon import module_pause
 from .damon.io import DamonBusy
 from .damon.status import detect_features
 from .errors import EnvironmentProblem
@@ -80,6 +81,8 @@ class Facts:
     foreign: dict[str, Any] = field(default_factory=dict)
     """per running kdamond not ours (by index): its intervals and scheme actions, for the
     passive source"""
+    paused: list[str] = field(default_factory=list)
+    """DAMON modules damon-hp paused (--pause-damon-stat), as module_pause describes them"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -242,18 +245,21 @@ def read_tracefs() -> dict[str, Any]:
     if mount is None:
         # The agent mounts tracefs when it starts (events.mount_tracefs); until then the
         # kernel's symbols say which tracepoints it would find.
-        found = _tracepoints_in_kallsyms(("damon_aggregated", "mm_khugepaged_scan_pmd"))
+        found = _tracepoints_in_kallsyms(("damon_aggregated", "mm_khugepaged_scan_pmd",
+                                          "damon_monitor_intervals_tune"))
         return {
             "mount": None,
             "readable": False,
             "mountable": "tracefs" in (_read(Path("/proc/filesystems")) or ""),
             "damon_aggregated": "damon_aggregated" in found,
+            "damon_monitor_intervals_tune": "damon_monitor_intervals_tune" in found,
             "huge_memory": "mm_khugepaged_scan_pmd" in found,
         }
     return {
         "mount": mount,
         "readable": readable,
         "damon_aggregated": is_dir("events/damon/damon_aggregated"),
+        "damon_monitor_intervals_tune": is_dir("events/damon/damon_monitor_intervals_tune"),
         "huge_memory": is_dir("events/huge_memory"),
     }
 
@@ -307,6 +313,7 @@ def gather(wants: list[kconfig.Want]) -> Facts:
         btf=Path("/sys/kernel/btf/vmlinux").exists(),
         pmu=probe_pmu(),
         foreign=read_foreign_kdamonds(status),
+        paused=[r.describe() for r in module_pause.read_records()],
     )
 
 
@@ -407,6 +414,12 @@ def check_damon(status: damon.DamonStatus) -> list[Check]:
             out.append(Check(f"kdamond {k.index}", LIMITED,
                              f"{base}, NOT started by damon-hp: damon-hp never stops or "
                              "changes it", ""))
+    for m in status.unlisted:
+        out.append(Check(f"kdamond pid {m.pid}", LIMITED, f"{m.describe()}: NOT started by "
+                         "damon-hp, never stopped or changed by it"
+                         + ("; its DAMON context is exclusive: no other kdamond can start "
+                            "while it runs" if m.module else ""),
+                         "damon-hp reads its events (passive source)" if m.module else ""))
     out.append(check_new_kdamond(status))
     return out
 
@@ -439,6 +452,16 @@ def check_sources(status: damon.DamonStatus, tracefs: dict[str, Any],
     if not stream:
         found.append(("passive", "needs the damon:damon_aggregated tracepoint (mount tracefs)",
                       ""))
+    elif status.exclusive and not candidates:
+        m = status.exclusive[0]
+        tuned = (f"; {m.label} auto-tunes its intervals, damon-hp follows them"
+                 + ("" if tracefs.get("damon_monitor_intervals_tune") else
+                    " (no damon_monitor_intervals_tune event here: only as read at start)")
+                 if m.autotuned else "")
+        found.append(("passive", None,
+                      f"reads {m.describe()} through its events only (nothing written under "
+                      f"/sys/kernel/mm/damon or /sys/module){tuned}; a hot set shows after "
+                      "several aggregations; promotion by collapse only"))
     elif not candidates:
         found.append(("passive", "no running paddr kdamond that damon-hp did not start", ""))
     else:
@@ -475,9 +498,9 @@ def check_new_kdamond(status: damon.DamonStatus) -> Check:
     try:
         plan = damon.plan_placement(status)
     except EnvironmentProblem as e:
-        fix = ("leave it running if it is not yours; " + VM_HINT if status.foreign_running
-               else "")
-        return Check("new kdamond", LIMITED if status.foreign_running else MISSING,
+        held = bool(status.foreign_running or status.exclusive)
+        fix = "leave it running if it is not yours; " + VM_HINT if held else ""
+        return Check("new kdamond", LIMITED if held else MISSING,
                      "cannot add one now: " + str(e).removeprefix("damon-hp: "), fix)
     how = (f"kdamond dir {plan.index} will be created" if plan.set_nr_kdamonds is not None
            else f"idle kdamond dir {plan.index} will be reused")
@@ -593,6 +616,8 @@ def evaluate(facts: Facts, wants: list[kconfig.Want]) -> list[Check]:
         *check_config(facts.kconfig_source, facts.kconfig, wants),
         *check_damon(status),
         *check_sources(status, facts.tracefs, facts.foreign),
+        *(Check("paused module", LIMITED, p, "damon-hp turns it back on when that run stops")
+          for p in facts.paused),
         check_thp(facts.thp),
         check_madv_collapse(facts.madv_collapse),
         check_process_madvise(facts.process_madvise),

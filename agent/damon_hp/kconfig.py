@@ -106,6 +106,8 @@ def candidate_paths(release: str | None = None) -> list[Path]:
         # The test VM boots a kernel unpacked here by kernel-config/fetch-kernel.sh; its /boot
         # is the host's, so the config is only found in the project's cache.
         REPO_ROOT / ".cache" / "kernel" / rel / "boot" / f"config-{rel}",
+        # The same for a merged-/usr package (linux-base-<rel>, trixie-backports since 6.19).
+        REPO_ROOT / ".cache" / "kernel" / rel / "usr" / "lib" / "modules" / rel / "config",
     ]
     return paths
 

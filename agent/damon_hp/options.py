@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from damon_hp import policy
+from damon_hp.actuate import COLLAPSE_WITH
 from damon_hp.damon.model import Intervals
 from damon_hp.damon.sources import SourceRequest, parse_source
 from damon_hp.errors import EnvironmentProblem
@@ -41,6 +42,7 @@ class MonitorOptions:
     max_nr_regions: int = 1000
     autotune: bool = True
     source: SourceRequest = field(default_factory=SourceRequest)
+    pause_damon_stat: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class AgentOptions:
     dry_run: bool = False
     perf: bool = False
     trace: bool = False
+    collapse_with: str = "auto"  # actuate.COLLAPSE_WITH
 
     def to_dict(self) -> dict[str, Any]:
         m = self.monitor
@@ -67,6 +70,7 @@ class AgentOptions:
             "source": str(m.source),
             "policy": asdict(self.params),
             "dry_run": self.dry_run,
+            "collapse_with": self.collapse_with,
         }
 
 
@@ -149,6 +153,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      "DAMON_RECLAIM), never writing to DAMON; =PID picks which kdamond. "
                      "--sample-us, --aggr-us and the region limits apply to our own kdamonds "
                      "only; a passive source runs at its owner's intervals")
+    mon.add_argument("--pause-damon-stat", action="store_true",
+                     help="where DAMON_STAT (7.2+) holds DAMON exclusively, stop it for this run "
+                     "so that damon-hp can start its own kdamond (vaddr: DAMOS marks and "
+                     "collapse), and turn it back on when damon-hp stops, however it stops "
+                     "(after a SIGKILL: at the next damon-hp start). Never the default")
     mon.add_argument("--sample-us", type=_positive_int, default=SAMPLE_US, metavar="US",
                      help=f"sampling interval (default {SAMPLE_US}: DAMON's 5000 sees a randomly "
                      "read buffer as barely accessed, since one 4 KiB page is rarely touched "
@@ -215,6 +224,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      metavar="SIZE|PCT%",
                      help="budget of promoted memory: bytes (512M) or a share of RSS (25%%); "
                      "default: no budget")
+    pol.add_argument("--collapse-with", choices=COLLAPSE_WITH, default="auto",
+                     help="how a hot range is collapsed: damos (the kernel's DAMOS collapse "
+                     "action, Linux 7.2+, needs the vaddr source), madvise "
+                     "(process_madvise(MADV_COLLAPSE) from damon-hp), or auto (default: "
+                     "madvise, faster in the measurement in docs/collapse.md)")
     pol.add_argument("--collapse-rate", type=parse_size, default=d.collapse_bytes_per_s,
                      metavar="SIZE", help="bytes per second the agent may collapse "
                      "(default 256M: collapse copies memory and may compact)")
@@ -265,7 +279,7 @@ def options_from_args(args: argparse.Namespace) -> AgentOptions:
         )
     return AgentOptions(
         monitor=MonitorOptions(intervals, args.min_regions, args.max_regions, args.autotune,
-                               args.source),
+                               args.source, getattr(args, "pause_damon_stat", False)),
         params=params,
         json_path=args.json_path,
         record_path=args.record_path,
@@ -274,6 +288,7 @@ def options_from_args(args: argparse.Namespace) -> AgentOptions:
         dry_run=args.dry_run,
         perf=getattr(args, "perf", False),
         trace=getattr(args, "trace", False),
+        collapse_with=getattr(args, "collapse_with", "auto"),
     )
 
 

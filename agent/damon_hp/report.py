@@ -184,7 +184,7 @@ class RunReport:
         for r in (*applied.damos_collapses, *applied.collapses):
             self.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds,
                               r.cpu_seconds)
-        for r in applied.collapses:
+        for r in (*applied.damos_collapses, *applied.collapses):
             entry.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds,
                               r.cpu_seconds)
         for r in applied.recollapses:

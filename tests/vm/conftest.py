@@ -1,16 +1,31 @@
 """The vm tier: tests that need a real, free DAMON run inside the pinned test kernel.
 
+Two pinned kernels (kernel-config/README.md): the main one (Debian's 7.3, DAMON_STAT monitoring
+from boot, THP `always`) and the lts one (6.12). Which tests run on which is the plan
+(DAMON_HP_VM_PLAN, below `VM_PLAN`): `make test` runs every test on 6.12 and those that need 7.3
+(DAMON_STAT, DAMOS collapse: marked `damon_stat_on` or `main_kernel`) on 7.3; the full plan
+runs every test on 7.3 and the core ones (`both_kernels`: vaddr agent, passive source, daemon,
+clean-up after SIGKILL) on 6.12 too.
+Each test is parametrized by the kernel it runs on, so its id says so: `test_x[k7.3]`,
+`test_x[k6.12]`; inside the VM the `vm_kernel` fixture fails a test whose kernel is not the
+one running.
+
 On the host (DAMON_HP_IN_VM unset) no vm test body or fixture ever runs: each collected vm
-test's setup, call and teardown are replaced by a lookup of its result from ONE VM run. The
-VM boots lazily at the first vm test, runs `.venv/bin/pytest` on the selected vm tests inside,
-and each test then passes or fails on the host with the inside failure text. A test skipped
-inside the VM fails on the host: the vm tier never skips. A VM that does not boot fails every
-vm test with the VM's console tail.
+test's setup, call and teardown are replaced by a lookup of its result from ONE VM run per
+kernel. A kernel's VM boots lazily at its first vm test, runs `.venv/bin/pytest` on that
+kernel's selected vm tests inside, and each test then passes or fails on the host with the
+inside failure text. A test skipped inside the VM fails on the host: the vm tier never skips.
+A VM that does not boot fails every vm test of its kernel with the VM's console tail.
+
+DAMON_STAT (7.3): its kdamond is exclusive, so no sysfs kdamond starts while it runs. Every
+test gets it OFF (/sys/module/damon_stat/parameters/enabled, the VM is throwaway) unless it is
+marked `damon_stat_on`, which gets it running as booted.
 
 Inside the VM (DAMON_HP_IN_VM=1 on a virtme-ng kernel) tests run normally and each result is
 written as a JSON line to $DAMON_HP_VM_RESULTS for the host to read.
 
-Knobs (environment): DAMON_HP_VM_MEM (default 6G), DAMON_HP_VM_TIMEOUT_S (default 2700).
+Knobs (environment): DAMON_HP_VM_MEM (default 6G), DAMON_HP_VM_TIMEOUT_S (default 2700),
+DAMON_HP_VM_PLAN (lts or full, default lts).
 """
 
 from __future__ import annotations
@@ -47,6 +62,56 @@ def _is_vm_item(item: pytest.Item) -> bool:
     return VM_DIR in Path(str(item.path)).resolve().parents
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "both_kernels: a core vm test, run on the lts test kernel (6.12) as well as "
+        "the main one")
+    config.addinivalue_line(
+        "markers", "damon_stat_on: the test needs DAMON_STAT running (as the main kernel "
+        "boots); every other vm test gets it stopped")
+    config.addinivalue_line(
+        "markers", "main_kernel: the test needs what only the main kernel (7.3) has (DAMOS "
+        "collapse, DAMON_STAT); it runs there in every plan")
+
+
+def _kernel_param_id(name: str) -> str:
+    return f"k{testvm.pinned_kernel(name).series}"
+
+
+# Which kernels a vm test runs on (DAMON_HP_VM_PLAN):
+#   full: every test on the main kernel (7.3), `both_kernels` ones on the lts kernel too;
+#   lts (the default, what `make test` runs): every test on the lts kernel (6.12), tests that
+#       need the main kernel (`damon_stat_on`, `main_kernel`) on it only. On 7.3 the daemon's
+#       vaddr run made no collapse in the runs of 2026-11-25 (cause not found yet) and the whole
+#       tier took 45-60 min at load 11-16, over the suite's 40-min budget: `full` is run by hand
+#       (`DAMON_HP_VM_PLAN=full make test-vm`) until both are fixed.
+VM_PLAN = os.environ.get("DAMON_HP_VM_PLAN", "lts")
+
+
+def _kernels_for(definition: pytest.Function) -> list[str]:
+    lts = [n for n in testvm.PIN_FILES if n != testvm.MAIN_KERNEL]
+    needs_main = (definition.get_closest_marker("damon_stat_on")
+                  or definition.get_closest_marker("main_kernel"))
+    if VM_PLAN == "full":
+        return [testvm.MAIN_KERNEL] + (lts if definition.get_closest_marker("both_kernels")
+                                       else [])
+    return [testvm.MAIN_KERNEL] if needs_main else lts
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The kernels of VM_PLAN; the test id says which (`[k7.3]`, `[k6.12]`)."""
+    if "vm_kernel" not in metafunc.fixturenames:
+        return
+    names = _kernels_for(metafunc.definition)
+    metafunc.parametrize("vm_kernel", names, ids=[_kernel_param_id(n) for n in names],
+                         indirect=True)
+
+
+def _item_kernel(item: pytest.Item) -> str:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("vm_kernel", testvm.MAIN_KERNEL) if callspec else testvm.MAIN_KERNEL
+
+
 # --------------------------------------------------------------------------------------------
 # Inside the VM
 
@@ -60,6 +125,44 @@ def _refuse_outside_vm() -> None:
             "required); run them from the host with `pytest tests/vm`, which boots the VM",
             returncode=2,
         )
+
+
+DAMON_STAT_ENABLED = Path("/sys/module/damon_stat/parameters/enabled")
+
+
+def damon_stat_running() -> bool:
+    try:
+        return DAMON_STAT_ENABLED.read_text().strip() == "Y"
+    except OSError:
+        return False
+
+
+def set_damon_stat(on: bool) -> None:
+    """Start or stop DAMON_STAT (VM only) and wait until its kdamond is (not) running."""
+    if not DAMON_STAT_ENABLED.exists():
+        if on:
+            pytest.fail("this kernel has no DAMON_STAT (/sys/module/damon_stat missing)")
+        return
+    if damon_stat_running() != on:
+        DAMON_STAT_ENABLED.write_text("Y" if on else "N")
+    if damon_stat_running() != on:
+        pytest.fail(f"DAMON_STAT did not turn {'on' if on else 'off'}: "
+                    f"{DAMON_STAT_ENABLED} reads {DAMON_STAT_ENABLED.read_text().strip()!r}")
+
+
+@pytest.fixture(autouse=True)
+def vm_kernel(request: pytest.FixtureRequest) -> str:
+    """The pinned kernel this test is for (its id says which); fails on any other kernel.
+
+    Also gives the test the DAMON_STAT state it asks for (see the module docstring)."""
+    name = getattr(request, "param", testvm.MAIN_KERNEL)
+    if _inside_vm():
+        want = testvm.pinned_kernel(name).release
+        if os.uname().release != want:
+            pytest.fail(f"this test is for the {name} kernel {want}, but the VM runs "
+                        f"{os.uname().release}")
+        set_damon_stat(request.node.get_closest_marker("damon_stat_on") is not None)
+    return name
 
 
 def _record(report: pytest.TestReport | pytest.CollectReport, kind: str) -> None:
@@ -108,9 +211,10 @@ class InsideResult:
 
 @dataclass
 class VmTier:
-    """One VM run for the whole session, started by the first vm test that needs it."""
+    """One VM run of one kernel for the whole session, started by its first vm test."""
 
     session: pytest.Session
+    kernel: testvm.PinnedKernel
     vm_result: testvm.VmResult | None = None
     setup_error: str | None = None
     results: dict[str, InsideResult] = field(default_factory=dict)
@@ -118,7 +222,8 @@ class VmTier:
     started: bool = False
 
     def selected_nodeids(self) -> list[str]:
-        return [it.nodeid for it in self.session.items if _is_vm_item(it)]
+        return [it.nodeid for it in self.session.items
+                if _is_vm_item(it) and _item_kernel(it) == self.kernel.name]
 
     def inside_args(self, run_dir: Path) -> list[str]:
         # Exact nodeids, so -k, -m and file selections on the host select inside too.
@@ -139,21 +244,26 @@ class VmTier:
         try:
             run_dir = testvm.new_run_dir()
             cmd = self.inside_args(run_dir)
-            print(f"\n===== vm tier: booting the test VM (mem {VM_MEMORY}, TCG, timeout "
-                  f"{VM_TIMEOUT_S:.0f} s) to run {len(self.selected_nodeids())} vm tests inside "
+            print(f"\n===== vm tier: booting the test VM on {self.kernel.release} "
+                  f"({self.kernel.name}; mem {VM_MEMORY}, TCG, timeout {VM_TIMEOUT_S:.0f} s) to "
+                  f"run {len(self.selected_nodeids())} vm tests inside "
                   f"(command: {run_dir / 'guest.sh'})", file=out)
             out.flush()
             self.vm_result = testvm.run_in_vm(
                 cmd, memory=VM_MEMORY, timeout_s=VM_TIMEOUT_S, stdout=out, stderr=out,
-                run_dir=run_dir,
+                run_dir=run_dir, kernel=self.kernel,
             )
+        except testvm.VmTerminated as err:
+            # SIGTERM stops the session: no other kernel's VM may boot after it.
+            pytest.exit(str(err), returncode=err.exit_code)
         except testvm.DamonHpError as err:
             self.setup_error = str(err)
             print(f"===== vm tier: cannot start the VM: {err}", file=out)
             return
         r = self.vm_result
         boot = f"{r.boot_seconds:.1f} s" if r.boot_seconds is not None else "never"
-        print(f"===== vm tier: VM done in {r.wall_seconds:.1f} s (booted after {boot}), inside "
+        print(f"===== vm tier: {self.kernel.release} VM done in {r.wall_seconds:.1f} s "
+              f"(booted after {boot}), inside "
               f"pytest exit {r.exit_code if r.finished else 'n/a'}; files in {r.run_dir}",
               file=out)
         self._read_results(r.run_dir / "results.jsonl")
@@ -204,12 +314,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     vm_items = [it for it in session.items if _is_vm_item(it)]
     if not vm_items:
         return
-    tier = VmTier(session)
+    tiers = {name: VmTier(session, testvm.pinned_kernel(name)) for name in testvm.PIN_FILES}
     for item in vm_items:
+        tier = tiers[_item_kernel(item)]
         # Bodies and fixtures stay in the VM: the host only looks results up.
         item.setup = lambda: None  # type: ignore[method-assign]
         item.teardown = lambda: None  # type: ignore[method-assign]
-        item.runtest = lambda nodeid=item.nodeid: tier.check(nodeid)  # type: ignore[method-assign]
+        item.runtest = lambda nodeid=item.nodeid, tier=tier: tier.check(nodeid)  # type: ignore[method-assign]
         # The whole VM run happens inside the first test's call.
         item.add_marker(pytest.mark.timeout(VM_TIMEOUT_S + 120))
 
@@ -224,3 +335,11 @@ def pytest_runtest_setup(item: pytest.Item):
         if _inside_vm() or not _is_vm_item(item):
             raise
         return None
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """Main-kernel vm tests first, then the lts ones: each VM boots once and its tests report
+    together (a stable sort keeps every other order)."""
+    order = {name: i for i, name in enumerate(testvm.PIN_FILES)}
+    items.sort(key=lambda it: order[_item_kernel(it)] if _is_vm_item(it) else -1)

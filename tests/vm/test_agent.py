@@ -160,6 +160,7 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> tuple[str, str]:
     return out, err
 
 
+@pytest.mark.both_kernels
 def test_run_backs_the_hot_buffer_with_huge_pages_and_leaves_the_cold_one(tmp_path) -> None:
     out = tmp_path / "out.json"
     proc = subprocess.Popen([DAMON_HP, "run", "-q", "--json", str(out), "--", *hotcold()],
@@ -257,6 +258,7 @@ def test_stop_signal_ends_agent_and_command_and_leaves_no_kdamond(sig: int) -> N
     assert json.loads(status.stdout)["agents"] == []
 
 
+@pytest.mark.both_kernels
 def test_agent_killed_with_sigkill_is_cleaned_up_by_the_next_start(tmp_path) -> None:
     target = subprocess.Popen(hotcold("16M", "16M", 600), stdout=subprocess.PIPE, text=True)
     try:

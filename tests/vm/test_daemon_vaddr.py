@@ -144,6 +144,7 @@ def snapshots(daemon: Daemon) -> dict[int, int]:
     return out
 
 
+@pytest.mark.both_kernels
 def test_daemon_watches_every_process_through_one_vaddr_kdamond(tmp_path) -> None:
     work = Workloads(tmp_path, ["hc-big", "hc-small", "hc-excl"])
     cfg = tmp_path / "daemon.toml"

@@ -273,6 +273,7 @@ READ_ONLY_DAMON = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                    'exec "$@"', "sh"]
 
 
+@pytest.mark.both_kernels
 def test_passive_source_backs_the_hot_buffer_through_a_foreign_kdamond_it_never_writes(
         tmp_path, foreign: ForeignPaddrKdamond) -> None:
     before = foreign.files()

@@ -16,8 +16,10 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 
 from damon_hp import status_records
+from damon_hp.damon import module_pause
 from damon_hp.errors import DamonHpError
 from damon_hp.report import fmt_bytes
 
@@ -47,10 +49,15 @@ def main(args: argparse.Namespace) -> int:
     for r in invalid:
         print(f"damon-hp status: ignored {r['path']}: {r['invalid']} (the next damon-hp run or "
               "attach removes it)", file=sys.stderr)
+    paused = module_pause.read_records()
     if args.json:
         print(json.dumps({"agents": records,
-                          "invalid_records": [r["path"] for r in invalid]}, indent=1))
+                          "invalid_records": [r["path"] for r in invalid],
+                          "paused_modules": [{**asdict(p), "agent_alive": p.agent_alive()}
+                                             for p in paused]}, indent=1))
         return 0
+    for p in paused:
+        print(f"damon-hp: {p.describe()}")
     if not records:
         print("damon-hp: no damon-hp agents are running")
         return 0

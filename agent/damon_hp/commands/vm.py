@@ -1,5 +1,6 @@
-"""Boot the pinned test kernel (kernel-config/pinned-kernel.env) with virtme-ng under QEMU TCG
-and run a command inside it, over this machine's own filesystem.
+"""Boot a pinned test kernel (kernel-config/pinned-kernel.env, or with --kernel lts
+kernel-config/pinned-kernel-lts.env) with virtme-ng under QEMU TCG and run a command inside it,
+over this machine's own filesystem.
 
 Inside the VM you are root on a throwaway kernel with full DAMON (vaddr, paddr, DAMOS):
 tracefs is mounted at /sys/kernel/tracing, cgroup2 at /sys/fs/cgroup, DAMON_HP_IN_VM=1 is
@@ -13,6 +14,7 @@ given, not through a shell: use `sh -c '...'` for pipes, `&&` or redirections.
 examples:
   damon-hp vm run -- uname -r
   damon-hp vm run --mem 6G -- damon-hp doctor
+  damon-hp vm run --kernel lts -- uname -r
   damon-hp vm run -- sh -c 'cat /sys/kernel/mm/transparent_hugepage/enabled; damo version'
   damon-hp vm shell
 
@@ -66,6 +68,9 @@ def _add_vm_options(p: argparse.ArgumentParser) -> None:
                    help="guest memory, QEMU syntax (default %(default)s; TCG allocates lazily)")
     p.add_argument("--cpus", type=_cpus, default=testvm.DEFAULT_CPUS, metavar="N",
                    help="guest vCPUs (default %(default)s)")
+    p.add_argument("--kernel", choices=sorted(testvm.PIN_FILES), default=testvm.MAIN_KERNEL,
+                   help="which pinned test kernel boots (default %(default)s; "
+                   "kernel-config/README.md)")
 
 
 def set_argparser(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +94,8 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         if args.vm_command == "shell":
-            return testvm.shell_in_vm(memory=args.mem, cpus=args.cpus)
+            return testvm.shell_in_vm(memory=args.mem, cpus=args.cpus,
+                                      kernel=testvm.pinned_kernel(args.kernel))
         if args.vm_command == "run":
             return _run(args)
     except DamonHpError as err:
@@ -111,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
     result = testvm.run_in_vm(
         cmd, memory=args.mem, cpus=args.cpus, timeout_s=args.timeout or None,
         stdout=sys.stdout, stderr=sys.stderr, console=sys.stderr if args.console else None,
+        kernel=testvm.pinned_kernel(args.kernel),
     )
     if result.vm_failed:
         print(f"damon-hp vm run: {result.failure_text()}", file=sys.stderr)

@@ -52,6 +52,8 @@ from .model import Region, Snapshot
 TRACEFS = "/sys/kernel/tracing"
 INSTANCE_PREFIX = "damon-hp-"
 EVENT_DIR = "events/damon/damon_aggregated"
+# 6.17+: emitted by a kdamond whose intervals auto-tune, with its new sampling interval.
+TUNE_EVENT_DIR = "events/damon/damon_monitor_intervals_tune"
 
 # Ring-buffer bytes per damon_aggregated event: 48 bytes of fields plus the 4-byte event header,
 # rounded up with room for the occasional time-extend record.
@@ -158,6 +160,16 @@ def _parse_any(head: str, payload: str) -> AggregatedEvent | None:
     )
 
 
+_TUNE_MARK = ": damon_monitor_intervals_tune: sample_us="
+
+
+def parse_tune_line(line: str) -> int | None:
+    """The new sampling interval (us) on a `damon_monitor_intervals_tune` line, else None."""
+    _, mark, value = line.partition(_TUNE_MARK)
+    value = value.strip()
+    return int(value) if mark and value.isdecimal() and int(value) > 0 else None
+
+
 def lost_events(line: str) -> int:
     """Events the kernel dropped, from a trace_pipe "CPU:N [LOST M EVENTS]" line (else 0)."""
     m = _LOST.search(line)
@@ -217,6 +229,7 @@ class SnapshotAssembler:
         self._burst_gap_s = aggr_us / 2e6
         self.dropped_groups = 0
         self.ignored_events = 0
+        self.retunes = 0
 
     def _pid_of(self, target_id: int, at_s: float) -> int | None:
         if isinstance(self._target_pids, int):
@@ -257,6 +270,15 @@ class SnapshotAssembler:
             or event.nr_regions != group.nr_regions
             or event.timestamp_s - group.last_ts > self._burst_gap_s
         )
+
+    def retune(self, sample_us: int) -> None:
+        """The kdamond tuned its sampling interval to `sample_us`: the kernel keeps the
+        aggregation interval the same number of samples (kdamond_tune_intervals), so later
+        snapshots carry the new pair and the same nr_accesses scale."""
+        samples = max(1, round(self.aggr_us / self.sample_us))
+        self.sample_us, self.aggr_us = sample_us, sample_us * samples
+        self._burst_gap_s = self.aggr_us / 2e6
+        self.retunes += 1
 
     def reset(self) -> None:
         """Drop every group in progress (the kernel lost events: none of them can complete)."""
@@ -348,7 +370,10 @@ class AggregatedEventStream:
     sample_us, aggr_us: the kdamond's intervals (its sysfs monitoring_attrs, read by the
     caller); they go into every Snapshot. target_pids: see SnapshotAssembler. max_nr_regions:
     the kdamond's nr_regions/max, to size the buffer. on_line: called with every trace_pipe
-    line read (to record fixtures). The instance is created on enter (or `open()`) and always
+    line read (to record fixtures). follow_tuning: for a kdamond whose intervals auto-tune and
+    that we do not own (a DAMON module's), also read its `damon_monitor_intervals_tune` events
+    and carry the new intervals into later snapshots (`follows_tuning` says whether this kernel
+    has that event). The instance is created on enter (or `open()`) and always
     removed by `close()`, which the context manager calls on any exit; `remove_stale_instances`
     cleans up after processes that could not (call it at start-up).
     """
@@ -363,8 +388,11 @@ class AggregatedEventStream:
         max_nr_regions: int = 1000,
         tracefs: str = TRACEFS,
         on_line: Callable[[str], None] | None = None,
+        follow_tuning: bool = False,
     ) -> None:
         self.kdamond_pid = kdamond_pid
+        self.follow_tuning = follow_tuning
+        self.follows_tuning = False
         # Snapshots carry their aggregation's time: the instance's trace clock is "mono",
         # CLOCK_MONOTONIC, the clock of time.monotonic().
         self.assembler = SnapshotAssembler(
@@ -449,6 +477,10 @@ class AggregatedEventStream:
         _write_at(fd, "buffer_size_kb", str(buffer_size_kb(self.max_nr_regions)))
         _write_at(fd, f"{EVENT_DIR}/filter", self._filter)
         _write_at(fd, f"{EVENT_DIR}/enable", "1")
+        if self.follow_tuning and (self.tracefs / TUNE_EVENT_DIR).is_dir():
+            _write_at(fd, f"{TUNE_EVENT_DIR}/filter", self._filter)
+            _write_at(fd, f"{TUNE_EVENT_DIR}/enable", "1")
+            self.follows_tuning = True
         self._fd = os.open("trace_pipe", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
 
     def _close_dir_fds(self) -> None:
@@ -574,6 +606,8 @@ class AggregatedEventStream:
                 snap = self.assembler.feed(event)
                 if snap is not None:
                     self._ready.append(snap)
+            elif self.follows_tuning and (sample_us := parse_tune_line(line)) is not None:
+                self.assembler.retune(sample_us)
             elif (n := lost_events(line)) > 0:
                 self.lost_events += n
                 self.assembler.reset()

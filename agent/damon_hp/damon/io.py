@@ -53,8 +53,21 @@ def _busy_message(what: str) -> str:
             "(`damon-hp status` lists the kdamonds)")
 
 
+def _exclusive_module_message(what: str) -> str | None:
+    """When a DAMON module's exclusive context runs, EBUSY is no lock: say whose it is."""
+    from .modules import module_kdamonds  # reads /sys/module only
+
+    running = module_kdamonds()
+    if not running:
+        return None
+    return f"damon-hp: DAMON refused {what} (EBUSY): {running[0].exclusive_message()}"
+
+
 def retry_ebusy(op: Callable[[], T], what: str) -> T:
-    """Run `op`, retrying on EBUSY with the back-off above; DamonBusy past the bound."""
+    """Run `op`, retrying on EBUSY with the back-off above; DamonBusy past the bound.
+
+    EBUSY while a DAMON module (DAMON_STAT, ...) runs its exclusive context fails at once,
+    naming the module: no wait makes it go away (modules.py)."""
     delay = EBUSY_FIRST_DELAY_S
     started = None
     while True:
@@ -63,6 +76,8 @@ def retry_ebusy(op: Callable[[], T], what: str) -> T:
         except OSError as e:
             if e.errno != errno.EBUSY:
                 raise
+            if started is None and (msg := _exclusive_module_message(what)) is not None:
+                raise DamonBusy(msg) from e
             now = time.monotonic()
             if started is None:
                 started = now

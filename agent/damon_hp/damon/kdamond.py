@@ -26,6 +26,7 @@ import errno
 import time
 from pathlib import Path
 
+from .. import procfs
 from ..errors import DamonHpError, EnvironmentProblem
 from ..vmguard import require_vm
 from . import io, ownership
@@ -298,7 +299,8 @@ class OwnedKdamond:
 
         Linux 6.12 applies the list by position and keeps each slot's regions (targets.py).
         A pid that no longer exists when the kdamond applies the commit makes it stop (6.12:
-        the failed commit ends the kdamond thread, and the write still returns success):
+        the failed commit ends the kdamond thread, and the write still returns success; 7.3:
+        the write fails with EINVAL and the kdamond runs on, so it is stopped here):
         KdamondStopped is raised then, and the caller starts a new kdamond.
         """
         if not pids:
@@ -318,6 +320,14 @@ class OwnedKdamond:
         try:
             self._state("commit")
         except DamonHpError as e:
+            gone = [p for p in pids if not procfs.pid_exists(p)]
+            if self.is_running() and gone and isinstance(e.__cause__, OSError) \
+                    and e.__cause__.errno == errno.EINVAL:
+                # 7.3 refuses such a commit (EINVAL) and runs on with the old targets, where
+                # 6.12 stopped: stop it, so that callers see one behaviour on both.
+                self.stop()
+                raise KdamondStopped(f"damon-hp: kdamond {self.index} refused targets "
+                                     f"{list(pids)}: pid(s) {gone} had exited; stopped it") from e
             if self.is_running():
                 raise
             raise KdamondStopped(f"damon-hp: kdamond {self.index} stopped when given targets "

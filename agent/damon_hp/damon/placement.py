@@ -64,9 +64,12 @@ def plan_start(status: DamonStatus, ops: str = "vaddr") -> StartPlan:
 def plan_placement(status: DamonStatus) -> StartPlan:
     """Where a new kdamond can go given the kdamonds that exist (pure; ignores ops support).
 
-    Raises EnvironmentProblem when a kdamond runs (nr_kdamonds is locked then), or when only
-    configured dirs of others exist (adding one would wipe them).
+    Raises EnvironmentProblem when a kdamond runs (nr_kdamonds is locked then), when a DAMON
+    module runs its exclusive context (no other kdamond can start), or when only configured
+    dirs of others exist (adding one would wipe them).
     """
+    for m in status.exclusive:
+        raise EnvironmentProblem("damon-hp: " + m.exclusive_message())
     for k in status.running:
         if k.owner == OWNER_FOREIGN:
             raise EnvironmentProblem("damon-hp: " + busy_message(k))

@@ -18,14 +18,16 @@ says why in `AccessSource.info()`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import DamonHpError, EnvironmentProblem
-from . import events, kdamond, placement
+from . import events, kdamond, module_pause, modules, placement
 from .kdamond import KdamondStopped, OwnedKdamond
 from .model import Intervals, IntervalsGoal, Snapshot
+from .modules import ModuleKdamond
 from .status import (
     OWNER_FOREIGN,
     DamonStatus,
@@ -75,6 +77,8 @@ class MonitorSettings:
     min_nr_regions: int
     max_nr_regions: int
     intervals_goal: IntervalsGoal | None
+    # --pause-damon-stat: stop DAMON_STAT for the run when it holds DAMON (module_pause.py)
+    pause_damon_stat: bool = False
 
 
 class AccessSource(Protocol):
@@ -171,6 +175,9 @@ class ReverseMappedSource(_Base):
         # on the host before frames.FrameReader, and one per queued stale snapshot left the
         # agent ever further behind (VM, paddr, 400 ms aggregations: after a 20 s collapse
         # step, 30 queued snapshots took the next 29 s).
+        # A DAMON module's kdamond may retune its intervals while we read (events.py follows).
+        tuned = self.stream.assembler
+        self.sample_us, self.aggr_us = tuned.sample_us, tuned.aggr_us
         phys = self.stream.latest_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
         if phys is None and not self._alive():
             raise KdamondStopped(f"damon-hp: {self.kdamond_label} stopped")
@@ -279,7 +286,47 @@ def _pick_passive(found: DamonStatus, want_pid: int | None) -> KdamondInfo:
     return k
 
 
+def _pick_module(found: DamonStatus, want_pid: int | None) -> ModuleKdamond | None:
+    """The DAMON module kdamond to read passively, or None to look in sysfs instead.
+
+    A module's context is exclusive, so when one runs no sysfs kdamond does: it is the only
+    thing to read."""
+    if want_pid is not None:
+        m = next((m for m in found.unlisted if m.pid == want_pid), None)
+        if m is not None and not m.module:
+            raise EnvironmentProblem(
+                f"damon-hp: kdamond pid {want_pid} is not in DAMON sysfs and belongs to no DAMON "
+                "module damon-hp knows (DAMON_STAT, DAMON_RECLAIM, DAMON_LRU_SORT): its "
+                "intervals cannot be read, so its events cannot be interpreted")
+        return m
+    if any(k.owner == OWNER_FOREIGN and k.pid for k in found.running):
+        return None
+    return found.exclusive[0] if found.exclusive else None
+
+
+def _open_module_passive(m: ModuleKdamond, reason: str) -> ReverseMappedSource:
+    """A DAMON module's kdamond, read through its events only; nothing is written anywhere
+    under /sys/kernel/mm/damon or /sys/module."""
+    if not (m.sample_us and m.aggr_us):
+        raise EnvironmentProblem(f"damon-hp: cannot read the intervals of {m.describe()}")
+    limits = passive_limits("none" if m.module == "damon_stat" else f"{m.label}'s")
+    if m.autotuned:
+        limits.insert(1, f"{m.label} auto-tunes its intervals while it runs: damon-hp follows "
+                      "them through damon_monitor_intervals_tune events")
+    stream = events.AggregatedEventStream(m.pid, sample_us=m.sample_us, aggr_us=m.aggr_us,
+                                          max_nr_regions=1000,
+                                          follow_tuning=m.autotuned).open()
+    if m.autotuned and not stream.follows_tuning:
+        limits.append("this kernel has no damon_monitor_intervals_tune event: intervals are "
+                      "those read at start")
+    return ReverseMappedSource("passive", reason, m.describe(), m.pid, m.sample_us,
+                               m.aggr_us, stream, limits, lambda: modules.pid_alive(m.pid))
+
+
 def open_passive(request: SourceRequest, found: DamonStatus, reason: str) -> ReverseMappedSource:
+    m = _pick_module(found, request.kdamond_pid)
+    if m is not None:
+        return _open_module_passive(m, reason)
     k = _pick_passive(found, request.kdamond_pid)
     iv = read_intervals(k.index)
     if iv is None:
@@ -305,6 +352,8 @@ def probe_for(request: SourceRequest, who: str = "damon-hp") -> DamonStatus:
     # (only ever one an ownership record proves ours), then judge what DAMON offers.
     if request.kind != "passive":
         kdamond.reclaim_stale()
+    # A module a SIGKILLed agent of ours paused: back on before anything is judged.
+    module_pause.restore_stale()
     events.remove_stale_instances()
     found = probe()
     if not found.sysfs_present:
@@ -334,9 +383,47 @@ def choose_kind(request: SourceRequest, found: DamonStatus,
     return "passive", "auto: " + "; ".join(refusals), refusals
 
 
+class ModulePausedSource:
+    """A source opened after damon-hp paused a DAMON module for this run: closing it (every
+    exit path of the agent closes its source) turns the module back on."""
+
+    def __init__(self, inner: AccessSource, rec: module_pause.PauseRecord) -> None:
+        self._inner = inner
+        self.paused = rec
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def snapshot(self) -> Snapshot | None:
+        return self._inner.snapshot()
+
+    def info(self) -> dict[str, Any]:
+        d = self._inner.info()
+        d["limits"] = [f"{self.paused.label} is paused for this run (--pause-damon-stat) and "
+                       "turned back on when damon-hp stops", *d["limits"]]
+        d["paused_module"] = self.paused.module
+        return d
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            module_pause.restore(self.paused)
+
+
 def open_source(request: SourceRequest, pid: int, mon: MonitorSettings) -> AccessSource:
     """Open the requested source (auto: the first that works) or say why none can."""
     found = probe_for(request)
+    if (mon.pause_damon_stat and request.kind != "passive"
+            and any(m.module == "damon_stat" for m in found.exclusive)):
+        rec = module_pause.pause("damon_stat")
+        if rec is not None:
+            try:
+                inner = open_source(request, pid, dataclasses.replace(mon, pause_damon_stat=False))
+            except BaseException:
+                module_pause.restore(rec)
+                raise
+            return ModulePausedSource(inner, rec)
     kind, why, refusals = choose_kind(request, found, f"asked for with --source {request.kind}")
     if kind == "vaddr":
         return _open_vaddr(pid, mon, why)

@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import io, ownership
+from . import io, modules, ownership
 from .io import ADMIN
+from .modules import ModuleKdamond
 
 OWNER_DAMON_HP = "damon-hp"  # started by a live damon-hp agent
 OWNER_STALE = "damon-hp (agent gone)"  # started by damon-hp; its agent died without stopping it
@@ -69,6 +70,13 @@ class DamonStatus:
     kdamonds: tuple[KdamondInfo, ...]
     features: dict[str, bool] = field(default_factory=dict)  # see _detect_features
     features_source: str = "unknown"  # "sysfs" or "kernel version"
+    # Running kdamonds sysfs does not list: DAMON modules' (modules.py), then unknown ones.
+    unlisted: tuple[ModuleKdamond, ...] = ()
+
+    @property
+    def exclusive(self) -> tuple[ModuleKdamond, ...]:
+        """DAMON modules' kdamonds: each keeps every other kdamond from starting."""
+        return tuple(m for m in self.unlisted if m.module)
 
     @property
     def running(self) -> tuple[KdamondInfo, ...]:
@@ -90,6 +98,7 @@ class DamonStatus:
             "kdamonds": [k.to_dict() for k in self.kdamonds],
             "can_add_kdamond": self.can_add_kdamond,
             "features": dict(self.features), "features_source": self.features_source,
+            "unlisted_kdamonds": [m.to_dict() for m in self.unlisted],
         }
 
     @classmethod
@@ -97,7 +106,10 @@ class DamonStatus:
         return cls(bool(d["sysfs_present"]), bool(d["readable"]), d.get("error"),
                    tuple(d["avail_ops"]), str(d["avail_ops_source"]),
                    tuple(KdamondInfo.from_dict(k) for k in d["kdamonds"]),
-                   dict(d.get("features", {})), str(d.get("features_source", "unknown")))
+                   dict(d.get("features", {})), str(d.get("features_source", "unknown")),
+                   tuple(ModuleKdamond(m["module"], int(m["pid"]), m.get("sample_us"),
+                                       m.get("aggr_us"), bool(m.get("autotuned")))
+                         for m in d.get("unlisted_kdamonds", [])))
 
 
 def kernel_release() -> str:
@@ -238,7 +250,8 @@ def probe(admin: Path = ADMIN, run_dir: Path | None = None) -> DamonStatus:
             avail = _ops_from_kallsyms()
             source = "kallsyms" if avail else "unknown"
     feats, fsrc = detect_features(first_ctx, release)
-    return DamonStatus(True, True, None, avail, source, kdamonds, feats, fsrc)
+    unlisted = tuple(modules.unlisted_kdamonds({k.pid for k in kdamonds if k.pid}))
+    return DamonStatus(True, True, None, avail, source, kdamonds, feats, fsrc, unlisted)
 
 
 

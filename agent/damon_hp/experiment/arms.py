@@ -55,6 +55,42 @@ ETHP_DAMO_ARGS = [
     "--damos_age", "7s", "max",
 ]  # fmt: skip
 
+# Upstream's own answer (Linux 7.2+): the DAMOS `collapse` action (MADV_COLLAPSE done by the
+# kdamond) on the workload's virtual memory, for regions of 2 MiB and more accessed at 5 % or
+# more (the ethp rule's hot threshold), with a space quota so that one aggregation cannot copy
+# unbounded memory: 100 MiB per second (our choice; DAMON_RECLAIM's documented example quota is
+# of that order). Nothing demotes: collapse has no inverse action.
+COLLAPSE_DAMO_ARGS = [
+    "--damos_action", "collapse",
+    "--damos_sz_region", "2MiB", "max",
+    "--damos_access_rate", "5%", "max",
+    "--damos_age", "min", "max",
+    "--damos_quota_space", "100MiB",
+    "--damos_quota_interval", "1000",
+]  # fmt: skip
+
+DAMON_STAT_ENABLED = Path("/sys/module/damon_stat/parameters/enabled")
+
+
+def pause_damon_stat_in_vm() -> bool:
+    """Test VM only: stop DAMON_STAT (7.2+ as Debian boots it), whose exclusive context keeps
+    every arm that drives a kdamond of its own (damo, damon-hp's vaddr source) from starting.
+    True when it was running and is now off (the caller turns it back on)."""
+    if not in_vm():
+        raise EnvironmentProblem("DAMON_STAT is paused only in the test VM")
+    try:
+        if DAMON_STAT_ENABLED.read_text().strip() != "Y":
+            return False
+    except OSError:
+        return False
+    DAMON_STAT_ENABLED.write_text("N")
+    return True
+
+
+def resume_damon_stat_in_vm() -> None:
+    if in_vm():
+        DAMON_STAT_ENABLED.write_text("Y")
+
 
 def set_global_thp(mode: str) -> None:
     """Write the system THP mode: refused outside the test VM, whatever the caller wants."""
@@ -230,6 +266,8 @@ class DamosEthp(Arm):
     needs_hold = True
     uses_damon = True
     vm_thp = "madvise"
+    damo_args = ETHP_DAMO_ARGS
+    scheme_text = "the ethp schemes"
 
     def __init__(self) -> None:
         self.started = False
@@ -241,7 +279,7 @@ class DamosEthp(Arm):
         tool("damo")
 
     def mechanism(self, vm: bool, options: ArmOptions) -> str:
-        return (f"damo start with the ethp schemes on the workload's pid (held before exec), "
+        return (f"damo start with {self.scheme_text} on the workload's pid (held before exec), "
                 f"system THP mode {self.thp_mode(vm, options)} (VM); its kdamond turned off "
                 "after the workload exits")
 
@@ -264,7 +302,7 @@ class DamosEthp(Arm):
                 f"kdamond(s) {sorted(foreign)} are already running; damos-ethp cannot tell "
                 "damo's kdamond from theirs, so it refuses to run next to one it did not start"
             )
-        code, out, cpu = self._damo(["start", *ETHP_DAMO_ARGS, str(pid)])
+        code, out, cpu = self._damo(["start", *self.damo_args, str(pid)])
         state.metrics["agent_cpu_s"] = cpu
         (state.rundir / "damo-start.txt").write_text(out)
         if code != 0:
@@ -300,6 +338,24 @@ class DamosEthp(Arm):
                 return
         if in_vm():
             kdamond.clear_all_in_vm()
+
+
+class DamosCollapse(DamosEthp):
+    """Upstream's DAMOS collapse scheme through damo (7.2+; refused by older kernels' DAMOS)."""
+
+    name = "damos-collapse"
+    damo_args = COLLAPSE_DAMO_ARGS
+    scheme_text = ("a DAMOS collapse scheme (regions >= 2 MiB at >= 5 % access, quota "
+                   "100 MiB/s)")
+
+    def check(self, vm: bool) -> None:
+        super().check(vm)
+        from damon_hp.damon.status import kernel_version
+
+        if kernel_version() < (7, 2):
+            raise EnvironmentProblem(
+                f"damos-collapse needs the DAMOS collapse action (Linux 7.2+); this kernel is "
+                f"{'.'.join(map(str, kernel_version()))}: boot the main test kernel (7.3)")
 
 
 class DamonHp(Arm):
@@ -497,8 +553,8 @@ class Everywhere(Arm):
 
 ARM_CLASSES: dict[str, type[Arm]] = {
     cls.name: cls
-    for cls in (ThpNever, ThpAlways, ThpMadvise, DamosEthp, DamonHp, DamonHpCompact, Oracle,
-                Everywhere)
+    for cls in (ThpNever, ThpAlways, ThpMadvise, DamosEthp, DamosCollapse, DamonHp,
+                DamonHpCompact, Oracle, Everywhere)
 }
 
 

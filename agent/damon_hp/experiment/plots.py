@@ -21,6 +21,7 @@ COLOURS = {
     "thp-always": "#E69F00",
     "thp-madvise": "#56B4E9",
     "damos-ethp": "#009E73",
+    "damos-collapse": "#F0E442",
     "damon-hp": "#0072B2",
     "damon-hp-compact": "#CC79A7",
     "oracle": "#D55E00",

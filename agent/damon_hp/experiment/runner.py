@@ -597,6 +597,12 @@ def run_experiment(exp: Experiment, out: Path, previous: list[Path] | None = Non
             original = procfs.thp_mode()
             if original in ("always", "madvise", "never"):
                 stack.callback(arms.set_global_thp, original)
+            if arms.pause_damon_stat_in_vm():
+                # Debian's 7.2+ boots DAMON_STAT: its exclusive kdamond would keep damo and
+                # damon-hp's own kdamonds from starting, and read as a foreign kdamond.
+                stack.callback(arms.resume_damon_stat_in_vm)
+                progress.message("DAMON_STAT paused for the experiment (test VM); turned "
+                                 "back on at the end")
             if (any(c.memory == "insufficient" for c in todo)
                     and exp.insufficient.swap == "zram" and active_swap_bytes() == 0):
                 swap = ZramSwap.setup(exp.insufficient.swap_bytes)

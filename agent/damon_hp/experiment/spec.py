@@ -32,6 +32,8 @@ ARMS: dict[str, str] = {
     "thp-always": "huge pages everywhere (system THP mode always)",
     "thp-madvise": "huge pages only where the program asks (system THP mode madvise)",
     "damos-ethp": "DAMON's example 'ethp' DAMOS scheme through damo (system THP madvise)",
+    "damos-collapse": "upstream's DAMOS collapse action through damo: regions >= 2 MiB at "
+    ">= 5 % access, 100 MiB/s quota (Linux 7.2+; system THP madvise)",
     "damon-hp": "damon-hp run with its defaults",
     "damon-hp-compact": "the program's -compact variant (small hot arrays in one huge page) "
     "under damon-hp",
