@@ -4,7 +4,7 @@ namespace so that even a bug could not write to it.
 
 Behaviour, not speed: the hot buffer ends up on huge pages during the run, the cold one
 (nearly) does not, and the foreign kdamond, its intervals and schemes are exactly as before.
-How fast, and how little cold memory, are benchmark figures (README, "Access sources").
+How fast, and how little cold memory, are benchmark figures (docs/sources.md).
 """
 
 from __future__ import annotations
