@@ -4,11 +4,10 @@ watches, the policy's thresholds, and what is written out. Parsing and validatio
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from damon_hp import policy
+from damon_hp import policy, sizes
 from damon_hp.actuate import COLLAPSE_WITH
 from damon_hp.damon.model import Intervals
 from damon_hp.damon.sources import SourceRequest, parse_source
@@ -74,28 +73,23 @@ class AgentOptions:
         }
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """'256M' -> bytes (K, M, G, T are 1024-based; a bare number is bytes)."""
-    m = _SIZE.match(text)
-    if not m:
+    """'256M' -> bytes (sizes.parse_size: K, M, G, T are 1024-based; a bare number is bytes)."""
+    try:
+        return sizes.parse_size(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a size: use a number with an optional K, M, G or T suffix (256M)"
-        )
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
+        ) from None
 
 
 def parse_budget(text: str) -> tuple[int | None, float | None]:
-    """--max-huge: '512M' -> (bytes, None); '25%' -> (None, 25.0)."""
+    """--max-huge: '512M' -> (bytes, None); '25%' -> (None, 25.0), a share of the target's RSS."""
     if text.strip().endswith("%"):
-        try:
-            pct = float(text.strip()[:-1])
-        except ValueError:
-            pct = -1.0
-        if not 0 <= pct <= 100:
+        pct = sizes.parse_share(text)
+        if pct is None or not 0 <= pct <= 100:
             raise argparse.ArgumentTypeError(f"{text!r}: a percentage of RSS must be 0..100%")
         return None, pct
     return parse_size(text), None

@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from damon_hp import sizes
 from damon_hp.damon.sources import KINDS, SourceRequest, parse_source
 from damon_hp.errors import EnvironmentProblem
+from damon_hp.sizes import parse_size
 
 DAEMON_KEYS = {"source", "budget", "scan_every_s", "summary_every_s"}
 RULE_KEYS = {"name", "exe", "cmdline", "cgroup", "unit", "user", "budget", "exclude"}
 MATCH_KEYS = ("exe", "cmdline", "cgroup", "unit", "user")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
-_PCT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
 class ConfigError(EnvironmentProblem):
@@ -121,26 +121,13 @@ class _Lines:
         return start
 
 
-def parse_size(text: Any) -> int:
-    """'512M', '1G', '1.5GiB', 4096 -> bytes (1024-based); ValueError otherwise."""
-    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
-        return text
-    m = _SIZE.match(text) if isinstance(text, str) else None
-    if m is None:
-        raise ValueError(f"{text!r} is not a size (use bytes or K, M, G, T: \"512M\")")
-    shift = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m[2].upper()]
-    return int(float(m[1]) * (1 << shift))
-
-
 def parse_budget(value: Any) -> Budget:
-    """A size ('512M') or a percentage of RAM ('25%')."""
-    if isinstance(value, str):
-        m = _PCT.match(value)
-        if m:
-            pct = float(m[1])
-            if not 0 < pct <= 100:
-                raise ValueError(f"{value!r}: a share of RAM must be within (0, 100] %")
-            return Budget(pct_of_ram=pct)
+    """A size ('512M') or a share of the machine's RAM ('25%')."""
+    pct = sizes.parse_share(value)
+    if pct is not None:
+        if not 0 < pct <= 100:
+            raise ValueError(f"{value!r}: a share of RAM must be within (0, 100] %")
+        return Budget(pct_of_ram=pct)
     try:
         return Budget(bytes=parse_size(value))
     except ValueError:
