@@ -6,7 +6,10 @@ time until the hot set was huge-page backed).
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from damon_hp import procfs
@@ -174,3 +177,38 @@ def steal_fraction(before: list[int] | None, after: list[int] | None) -> float |
     if total <= 0:
         return None
     return max(0.0, (after[7] - before[7]) / total)
+
+
+@dataclass(frozen=True)
+class ChildUsage:
+    user_s: float
+    sys_s: float
+    minflt: int
+    majflt: int
+
+
+def reaped_child_usage(agent_pid: int, timeout_s: float = 5.0) -> ChildUsage | None:
+    """The workload's own CPU time and faults, read from its parent's /proc/PID/stat (cutime,
+    cstime, cminflt, cmajflt) once the agent has reaped it: on the host there is no cgroup to
+    count the workload alone, and the agent's wait4 rusage adds the agent's own. None when the
+    agent is gone (reaped) before it could be read."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            text = Path(f"/proc/{agent_pid}/stat").read_text()
+        except OSError:
+            return None
+        f = text[text.rindex(")") + 2 :].split()
+        cminflt, cmajflt, cutime, cstime = int(f[8]), int(f[10]), int(f[13]), int(f[14])
+        if cminflt or cutime or cstime:
+            tick = os.sysconf("SC_CLK_TCK")
+            return ChildUsage(cutime / tick, cstime / tick, cminflt, cmajflt)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
+
+
+def usage_delta(mark: dict[str, Any], a: str, b: str) -> dict[str, float]:
+    x, y = mark.get(a) or {}, mark.get(b) or {}
+    return {k: float(y.get(k, 0)) - float(x.get(k, 0)) for k in ("utime", "stime", "minflt",
+                                                                 "majflt")}

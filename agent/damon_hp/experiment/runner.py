@@ -36,8 +36,15 @@ from damon_hp.experiment.apps import preflight
 from damon_hp.experiment.context import ERROR, Context, group_key, is_done
 from damon_hp.experiment.environment import in_vm, pmu_available
 from damon_hp.experiment.interrupts import deferred_interrupts, sigterm_as_interrupt
-from damon_hp.experiment.measure import Sampler, cpu_times, steal_fraction
+from damon_hp.experiment.measure import (
+    Sampler,
+    cpu_times,
+    reaped_child_usage,
+    steal_fraction,
+    usage_delta,
+)
 from damon_hp.experiment.memory import RunCgroup, ZramSwap, active_swap_bytes
+from damon_hp.experiment.proctree import children, exe_of, terminate, wait4
 from damon_hp.experiment.progress import Progress
 from damon_hp.experiment.results import (
     FAILED,
@@ -128,27 +135,6 @@ def _wait_mark(mark: Path, proc: subprocess.Popen[bytes], key: str,
         time.sleep(0.02)
 
 
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tasks:
-        try:
-            kids += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except OSError:
-            continue
-    return kids
-
-
-def _exe(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return None
-
-
 def _follow_agent_child(proc: subprocess.Popen[bytes], program: str, cg: RunCgroup | None,
                         deadline: float, notes: list[str]) -> tuple[int, float]:
     """Find the agent's child (held before exec while the agent sets DAMON up), move it into
@@ -159,7 +145,7 @@ def _follow_agent_child(proc: subprocess.Popen[bytes], program: str, cg: RunCgro
     does. If it had exec'd already, that is noted: its first allocations escaped the cgroup.
     """
     target = os.path.realpath(shutil.which(program) or program)
-    agent_exe = _exe(proc.pid)
+    agent_exe = exe_of(proc.pid)
     child: int | None = None
     while True:
         if proc.poll() is not None:
@@ -170,21 +156,21 @@ def _follow_agent_child(proc: subprocess.Popen[bytes], program: str, cg: RunCgro
         if child is None:
             # The held child is a fork of the agent (same executable) until its exec; any
             # other helper the agent might start (perf, hpstat) is not the workload.
-            for kid in _children(proc.pid):
-                exe = _exe(kid)
+            for kid in children(proc.pid):
+                exe = exe_of(kid)
                 if exe not in (agent_exe, target):
                     continue
                 child = kid
                 if cg:
                     (cg.path / "cgroup.procs").write_text(str(child))
-                if _exe(child) == target:
+                if exe_of(child) == target:
                     notes.append("the agent's child had exec'd before it was moved into the "
                                  "run's cgroup: its first allocations are not in the cgroup's "
                                  "counters, and its start time is late")
                     return child, time.monotonic()
                 break
         else:
-            exe = _exe(child)
+            exe = exe_of(child)
             if exe == target:
                 return child, time.monotonic()
             if exe is None:
@@ -194,36 +180,6 @@ def _follow_agent_child(proc: subprocess.Popen[bytes], program: str, cg: RunCgro
             raise DamonHpError("the agent did not start the workload within "
                                f"{START_TIMEOUT_S:.0f} s")
         time.sleep(0.01)
-
-
-def _wait4(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, Any] | None:
-    """Reap the direct child; (exit code, rusage) or None when it does not exit in time."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-        if pid == proc.pid:
-            code = os.waitstatus_to_exitcode(status)
-            proc.returncode = code
-            return code, ru
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.05)
-
-
-def _terminate(proc: subprocess.Popen[bytes], graceful_s: float) -> None:
-    """SIGTERM the direct child (an agent cleans up its kdamond), then SIGKILL its group."""
-    if proc.returncode is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    if _wait4(proc, graceful_s) is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        _wait4(proc, 10.0)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def stop_leftover_kdamonds(before: set[int], notes: list[str]) -> None:
@@ -272,41 +228,6 @@ def cmd_program(cmd: workloads.Command) -> str:
 def _close_quietly(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
-
-
-@dataclass(frozen=True)
-class ChildUsage:
-    user_s: float
-    sys_s: float
-    minflt: int
-    majflt: int
-
-
-def reaped_child_usage(agent_pid: int, timeout_s: float = 5.0) -> ChildUsage | None:
-    """The workload's own CPU time and faults, read from its parent's /proc/PID/stat (cutime,
-    cstime, cminflt, cmajflt) once the agent has reaped it: on the host there is no cgroup to
-    count the workload alone, and the agent's wait4 rusage adds the agent's own. None when the
-    agent is gone (reaped) before it could be read."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            text = Path(f"/proc/{agent_pid}/stat").read_text()
-        except OSError:
-            return None
-        f = text[text.rindex(")") + 2 :].split()
-        cminflt, cmajflt, cutime, cstime = int(f[8]), int(f[10]), int(f[13]), int(f[14])
-        if cminflt or cutime or cstime:
-            tick = os.sysconf("SC_CLK_TCK")
-            return ChildUsage(cutime / tick, cstime / tick, cminflt, cmajflt)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.005)
-
-
-def _usage_delta(mark: dict[str, Any], a: str, b: str) -> dict[str, float]:
-    x, y = mark.get(a) or {}, mark.get(b) or {}
-    return {k: float(y.get(k, 0)) - float(x.get(k, 0)) for k in ("utime", "stime", "minflt",
-                                                                 "majflt")}
 
 
 def run_cell(ctx: Context, cell: Cell) -> RunResult:
@@ -409,7 +330,7 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
             finally:
                 if hold_r >= 0:
                     os.close(hold_r)
-            stack.callback(_terminate, proc, 30.0 if wrapped else 1.0)
+            stack.callback(terminate, proc, 30.0 if wrapped else 1.0)
 
         start_deadline = time.monotonic() + START_TIMEOUT_S
         if wrapped:
@@ -433,10 +354,10 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
         result.steal_frac = steal_fraction(cpu_before, cpu_times())
         child_usage = reaped_child_usage(proc.pid) if wrapped and cg is None else None
 
-        reaped = _wait4(proc, AGENT_EXIT_TIMEOUT_S if wrapped else 10.0)
+        reaped = wait4(proc, AGENT_EXIT_TIMEOUT_S if wrapped else 10.0)
         if reaped is None:
             state.notes.append("the agent did not exit after the workload; terminated")
-            _terminate(proc, 10.0)
+            terminate(proc, 10.0)
             code, ru = proc.returncode, None
         else:
             code, ru = reaped
@@ -455,7 +376,7 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
         setattr(result, k, v)
     result.samples = sampler.samples
     if stats is not None:
-        pre = _usage_delta(info, "joined_cgroup", "before_exec")
+        pre = usage_delta(info, "joined_cgroup", "before_exec")
         result.accounting = "cgroup"
         result.user_s = None if stats.user_s is None else max(0.0, stats.user_s - pre["utime"])
         result.sys_s = None if stats.sys_s is None else max(0.0, stats.sys_s - pre["stime"])
@@ -466,7 +387,7 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
         if stats.swap_peak_bytes is not None:
             result.swap_peak_bytes = max(stats.swap_peak_bytes, result.swap_peak_bytes or 0)
     elif ru is not None and not wrapped:
-        pre = _usage_delta(info, "none", "before_exec")
+        pre = usage_delta(info, "none", "before_exec")
         result.accounting = "wait4"
         result.user_s = max(0.0, ru.ru_utime - pre["utime"])
         result.sys_s = max(0.0, ru.ru_stime - pre["stime"])
