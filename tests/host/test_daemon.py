@@ -31,7 +31,6 @@ from daemon_host import (
     BudgetWatcher,
     Daemon,
     Workloads,
-    foreign_kdamond_running,
     running_kdamonds,
 )
 from leftovers import instances_of, wait_for
@@ -43,8 +42,7 @@ SCAN_S = 2
 PICKUP_S = 20  # "a few scans" with room for a loaded host
 RUN_S = 45  # from the daemon's start to SIGTERM: rounds to check, well under 90 s in all
 
-pytestmark = pytest.mark.skipif(not foreign_kdamond_running(),
-                                reason="no kdamond for the passive source")
+pytestmark = pytest.mark.usefixtures("foreign_kdamond")  # never a skip: conftest.py
 
 
 def config(folder: Path) -> str:

@@ -21,7 +21,6 @@ from daemon_host import (
     Daemon,
     Workloads,
     anon_huge,
-    foreign_kdamond_running,
     running_kdamonds,
     status,
 )
@@ -31,8 +30,7 @@ from leftovers import instances_of, wait_for
 BUDGET = 32 * MIB
 HUGE = 2 * MIB
 
-pytestmark = pytest.mark.skipif(not foreign_kdamond_running(),
-                                reason="no kdamond for the passive source")
+pytestmark = pytest.mark.usefixtures("foreign_kdamond")  # never a skip: conftest.py
 
 
 def config(folder) -> str:

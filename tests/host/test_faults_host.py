@@ -40,8 +40,7 @@ START_S = 90.0  # generous: the agent's start is a few seconds here, more on a l
 
 FAULTS_INJECTED: list[str] = []
 
-pytestmark = pytest.mark.skipif(
-    not any((ADMIN / "kdamonds").glob("[0-9]*")), reason="no kdamond for the passive source")
+pytestmark = pytest.mark.usefixtures("foreign_kdamond")  # never a skip: conftest.py
 
 
 def hotcold(seconds: int, hot: str = "64M", cold: str = "64M") -> list[str]:

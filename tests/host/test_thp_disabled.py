@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_host import Daemon, foreign_kdamond_running, status
+from daemon_host import Daemon, status
 from damon_hp import actuate, procfs
 from damon_hp.agent import THP_DISABLED
 from leftovers import instances_of, wait_for
@@ -30,8 +30,7 @@ THP_PRCTL = HERE / "thp_prctl.py"
 HOTCOLD = str(ROOT / "workloads/bin/hotcold")
 DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
 
-needs_passive = pytest.mark.skipif(not foreign_kdamond_running(),
-                                   reason="no kdamond for the passive source")
+needs_passive = pytest.mark.usefixtures("foreign_kdamond")  # never a skip: conftest.py
 
 
 class Child:
