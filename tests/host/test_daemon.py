@@ -36,6 +36,7 @@ from daemon_host import (
     Daemon,
     Workloads,
     running_kdamonds,
+    status,
 )
 from leftovers import instances_of, wait_for
 from thp_settings import thp_settings
@@ -171,3 +172,31 @@ def test_daemon_keeps_its_budget_and_rules_and_leaves_nothing_behind(tmp_path) -
           f"{refused} candidates refused; {len(report['rounds'])} rounds with candidates, "
           f"{contested} contested; most huge at once {watcher.most / MIB:.0f} MiB of 96; "
           f"log:\n{log}")
+
+
+def test_daemon_default_source_auto_reads_the_foreign_kdamond_and_says_why(
+        tmp_path, foreign_kdamond) -> None:
+    """No `source` in the config: auto, which here (DAMON busy with a kdamond not ours, no
+    vaddr) refuses vaddr and paddr and reads the foreign kdamond passively; the first log
+    line and `status --json` say which source and why."""
+    work = Workloads(tmp_path, ["hc-auto"])
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(f'[daemon]\nscan_every_s = 1\n\n[[rule]]\nname = "a"\nexe = '
+                   f'"{tmp_path}/hc-auto"\n')
+    daemon = None
+    try:
+        pid = work.start("a", "hc-auto", "8M", "8M", seconds=LIVE_S)
+        daemon = Daemon(cfg, tmp_path / "run", tmp_path / "daemon.err")
+        daemon.wait_managing({pid})
+        [rec] = [r for r in status(daemon.env) if r["agent_pid"] == daemon.pid]
+        assert daemon.terminate() == 0, daemon.log()
+        log = daemon.log()
+    finally:
+        if daemon is not None:
+            daemon.kill()
+        work.stop_all()
+    src = rec["source"]
+    assert src["name"] == "passive" and rec["kdamond_pid"] == foreign_kdamond.pid, src
+    assert src["reason"].startswith("auto: vaddr: ") and "; paddr: " in src["reason"], src
+    [said] = [line for line in log.splitlines() if "access source" in line]
+    assert "passive" in said and f"pid {foreign_kdamond.pid}" in said and "auto: " in said, log
