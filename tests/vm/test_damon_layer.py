@@ -25,6 +25,7 @@ from damon_hp.damon import (
     AccessPattern,
     AddrRange,
     Intervals,
+    IntervalsGoal,
     KdamondStopped,
     Scheme,
     Snapshot,
@@ -309,6 +310,47 @@ def test_access_pattern_scheme_matches_the_hot_buffer_and_not_the_cold(hotcold):
     # Region edges land within a few pages of the buffer's edges, never deep in the cold.
     assert tried <= hotcold.hot.size + 4 * MiB
     assert len(stats) == 1 and stats[0].nr_tried > 0
+
+
+def test_interval_autotuning_moves_the_sampling_interval_where_the_kernel_has_it(hotcold):
+    """DAMON's interval auto-tuning (intervals_goal, Linux 6.15+), which `run` and `attach`
+    ask for by default: where the kernel has it, the goal is written, the sampling interval
+    DAMON reports (sysfs, after update_tuned_intervals) moves within the goal's bounds, and the
+    snapshots carry the tuned intervals; where it has not (6.12), nothing is written and the
+    intervals stay as configured. Either way snapshots still cover both buffers."""
+    goal = IntervalsGoal(access_bp=400, aggrs=3, min_sample_us=INTERVALS.sample_us,
+                         max_sample_us=100_000)
+    with start_vaddr(hotcold.pid, INTERVALS, 10, 200, intervals_goal=goal) as kd:
+        iv = kd.ctx / "monitoring_attrs/intervals"
+        has_goal = (iv / "intervals_goal").is_dir()
+        assert has_goal == (kernel_version() >= (6, 15)), "intervals_goal vs kernel version"
+        assert kd.autotuned == has_goal
+        if has_goal:
+            written = {k: int((iv / "intervals_goal" / k).read_text())
+                       for k in goal.to_dict()}
+            assert written == goal.to_dict()
+            deadline = time.monotonic() + WARMUP_DEADLINE_S
+            seen = []
+            while True:
+                snap = kd.snapshot()  # asks for the tuned intervals first
+                seen.append(snap.sample_us)
+                if snap.sample_us != INTERVALS.sample_us:
+                    break
+                assert time.monotonic() < deadline, (
+                    f"sampling interval never tuned in {WARMUP_DEADLINE_S} s: {seen}")
+                time.sleep(0.5)
+            assert int((iv / "sample_us").read_text()) == snap.sample_us
+            assert goal.min_sample_us <= snap.sample_us <= goal.max_sample_us, seen
+            assert snap.aggr_us > snap.sample_us
+            print(f"sampling interval tuned from {INTERVALS.sample_us} to {snap.sample_us} us "
+                  f"(aggregation {snap.aggr_us} us) after {len(seen)} snapshots")
+        else:
+            snap = warmed_up(kd)
+            assert (snap.sample_us, snap.aggr_us) == (INTERVALS.sample_us, INTERVALS.aggr_us)
+            assert int((iv / "sample_us").read_text()) == INTERVALS.sample_us
+            assert int((iv / "aggr_us").read_text()) == INTERVALS.aggr_us
+        assert covered_bytes(snap, hotcold.hot) == hotcold.hot.size
+        assert covered_bytes(snap, hotcold.cold) == hotcold.cold.size
 
 
 def test_supports_action_tells_known_from_unknown_actions_without_disturbing(hotcold):
