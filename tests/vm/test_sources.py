@@ -331,6 +331,39 @@ def test_auto_picks_the_foreign_kdamond_when_damon_is_busy_and_says_why(
     assert kdamond_threads() == [foreign.pid]
 
 
+def test_where_no_source_works_auto_lists_each_refusal_on_its_own_line(tmp_path) -> None:
+    """DAMON busy with a foreign *vaddr* kdamond (raw sysfs writes, watching a sleep): no
+    kdamond of ours can start (vaddr, paddr) and passive reads paddr kdamonds only, so `run`
+    exits 2 with one line per source saying why (53333e4 once merged them into one)."""
+    sleeper = subprocess.Popen(["sleep", "600"])
+    kd = KDAMONDS / "0"
+    try:
+        (KDAMONDS / "nr_kdamonds").write_text("1")
+        (kd / "contexts/nr_contexts").write_text("1")
+        (kd / "contexts/0/operations").write_text("vaddr")
+        (kd / "contexts/0/targets/nr_targets").write_text("1")
+        (kd / "contexts/0/targets/0/pid_target").write_text(str(sleeper.pid))
+        (kd / "state").write_text("on")
+        r = subprocess.run([DAMON_HP, "run", "--json", str(tmp_path / "out.json"), "--",
+                            "true"], capture_output=True, text=True, timeout=180)
+    finally:
+        if (kd / "state").exists() and (kd / "state").read_text().strip() == "on":
+            (kd / "state").write_text("off")
+            deadline = time.monotonic() + 30
+            while (kd / "state").read_text().strip() != "off" and time.monotonic() < deadline:
+                time.sleep(0.1)
+        (KDAMONDS / "nr_kdamonds").write_text("0")
+        sleeper.kill()
+        sleeper.wait()
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    head = next(i for i, line in enumerate(lines)
+                if "no DAMON access source works here:" in line)
+    assert [line.split(":")[0] for line in lines[head + 1:head + 4]] == [
+        "  vaddr", "  paddr", "  passive"], r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out.json").exists()
+
 # --------------------------------------------------------------------------------------------
 # the event stream and tried_regions: one aggregation, two readers
 
