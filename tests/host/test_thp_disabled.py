@@ -22,6 +22,7 @@ from daemon_host import Daemon, status
 from damon_hp import actuate, procfs
 from damon_hp.agent import THP_DISABLED
 from damon_hp.ranges import AddrRange
+from foreign_view import foreign_intervals, watched_share
 from leftovers import instances_of, wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -165,16 +166,18 @@ def test_run_goes_on_unmanaged_once_the_command_disables_thp_and_tries_no_collap
     print(f"run took {wall:.1f} s")
 
 
-# How much of the advised command's 256 MiB hot buffer must be huge (smaps) before it is
-# stopped, and by when: the passive rule needs 3 hot snapshots over 2 of the foreign kdamond's
-# 5 s aggregations before a first collapse, and a loaded host delays that by tens of seconds;
-# README's own run had 131 of 131 collapses within 25 s.
-ADVISED_HUGE = 16 << 20
-ADVISED_DEADLINE_S = 150
+# The advised command is stopped once smaps shows a huge page in its hot buffer: one collapse
+# the kernel honoured proves the point (EXCEPT_ADVISED leaves MADV_COLLAPSE working). When is
+# the foreign kdamond's timing: the passive rule needs 3 hot snapshots over 2 of its 5 s
+# aggregations; measured 18-83 s for 16 MiB at host load 13-15 (2026-11-25, and once nothing
+# within 150 s while a vm tier and two other suites ran), 22 s on a quieter host.
+ADVISED_HUGE = 2 << 20
+ADVISED_DEADLINE_S = 240
 
 
 @needs_passive
-def test_run_manages_a_command_that_disabled_thp_except_where_advised(tmp_path) -> None:
+def test_run_manages_a_command_that_disabled_thp_except_where_advised(
+        tmp_path, foreign_kdamond) -> None:
     """A command under PR_THP_DISABLE_EXCEPT_ADVISED is managed: its hot buffer gets huge
     pages (smaps), every collapse tried succeeded, and none was refused for a disabled THP.
     hotcold is stopped (SIGTERM) once smaps shows them, or at the deadline (a failure)."""
@@ -192,20 +195,31 @@ def test_run_manages_a_command_that_disabled_thp_except_where_advised(tmp_path) 
         def hot_huge() -> int:
             return procfs.smaps_in_ranges(procfs.read_smaps(pid), hot_range).anon_huge_bytes
 
-        took = wait_for(f"{ADVISED_HUGE >> 20} MiB of the advised command's hot buffer on "
-                        "huge pages (smaps)", lambda: hot_huge() >= ADVISED_HUGE,
-                        ADVISED_DEADLINE_S, every_s=1)
-        huge = hot_huge()
+        # Precondition: the foreign kdamond watches the hot buffer (foreign_view.py), else
+        # the passive source cannot see it and nothing below could happen.
+        seen = watched_share(pid, hot["start"], hot["end"], foreign_kdamond.pid,
+                             **foreign_intervals(foreign_kdamond.dir))
+        t0 = time.monotonic()
+        while (huge := hot_huge()) < ADVISED_HUGE and time.monotonic() - t0 < ADVISED_DEADLINE_S:
+            time.sleep(1)
+        took = time.monotonic() - t0
         os.kill(pid, signal.SIGTERM)
         _, err = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
+    report = json.loads(out.read_text()) if out.exists() else {}
+    s = report.get("summary", {})
+    why = (f"{seen:.0%} of the hot buffer in the kdamond's regions; {huge >> 20} MiB huge after "
+           f"{took:.0f} s; collapses {s.get('collapse')}; snapshots {s.get('snapshots')}, "
+           f"withheld {s.get('populating_snapshots')}; timeline tail "
+           f"{report.get('timeline', [])[-3:]}; stderr {err[-1500:]}")
+    assert seen >= 0.10, f"the passive source cannot see the hot buffer: {why}"
+    assert huge >= ADVISED_HUGE, why
     assert p.returncode == 0, err  # hotcold exits 0 on SIGTERM, passed through
     assert not procfs.thp_disabled_by_process(status_then)  # EXCEPT_ADVISED: THP_enabled 1
     assert "turned transparent huge pages off" not in err
-    s = json.loads(out.read_text())["summary"]
     assert s["stopped_by"] == "target exit"
     assert s["collapse"]["ok"] * (2 << 20) >= ADVISED_HUGE, s["collapse"]
     assert s["collapse"]["errors"] == {}, s["collapse"]
