@@ -47,8 +47,8 @@ def running_kdamonds() -> list[tuple[int, int, str]]:
 
 
 @pytest.fixture(scope="module")
-def host_damon() -> list[tuple[int, int, str]]:
-    running = running_kdamonds()
+def host_damon(foreign_kdamond) -> list[tuple[int, int, str]]:
+    running = running_kdamonds()  # foreign_kdamond: the one running, or the tier's own
     if not running:
         pytest.fail("this host was expected to run a foreign kdamond (see DEVELOPERS.md); "
                     "these tests check damon-hp's behaviour next to it")
