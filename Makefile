@@ -12,11 +12,12 @@ STAMPS := $(CACHE)/stamps
 # Debian 12 packages the project needs on the host. The test kernel comes through the private
 # apt sources list of kernel-config/fetch-kernel.sh, never through /etc/apt; that script also
 # provides virtiofsd (libcap-ng-dev, libseccomp-dev: to build it; see kernel-config/README.md).
+# libcap2-bin: capsh, which the host tier uses to run the agent as root without a capability.
 # redis-server, redis-tools, mariadb-server and sysbench: the application experiment
 # (experiments/apps.toml), whose runner starts its own server instances and never the services.
 APT_PACKAGES := qemu-system-x86 kmod busybox-static clang llvm libbpf-dev bpftool \
 	libelf-dev zlib1g-dev linux-perf build-essential pkg-config python3-venv python3-pip \
-	cpio zstd file debian-archive-keyring libcap-ng-dev libseccomp-dev time \
+	cpio zstd file debian-archive-keyring libcap-ng-dev libseccomp-dev time libcap2-bin \
 	redis-server redis-tools mariadb-server sysbench
 
 .PHONY: help setup demo test test-unit test-host test-vm lint workloads bpf kernel \

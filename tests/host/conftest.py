@@ -9,6 +9,9 @@ namespace without tracefs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import foreign_kdamond as fk
 import pytest
 from damon_hp.damon.events import mount_tracefs
 
@@ -16,3 +19,11 @@ from damon_hp.damon.events import mount_tracefs
 @pytest.fixture(scope="session", autouse=True)
 def _tracefs_mounted() -> None:
     mount_tracefs()
+
+
+@pytest.fixture(scope="session")
+def foreign_kdamond() -> Iterator[fk.ForeignKdamond]:
+    """The kdamond not started by damon-hp that the passive-source tests read: the running one,
+    else one the tier starts where DAMON is free, else a failure with the reason (never a
+    skip; see foreign_kdamond.py)."""
+    yield from fk.provide()

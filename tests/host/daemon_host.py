@@ -28,10 +28,6 @@ MIB = 1 << 20
 START_S = 60.0  # the daemon's start and first scan: seconds here, more on a loaded host
 
 
-def foreign_kdamond_running() -> bool:
-    return any((ADMIN / "kdamonds").glob("[0-9]*"))
-
-
 def running_kdamonds() -> set[str]:
     out = set()
     for d in (ADMIN / "kdamonds").glob("[0-9]*"):

@@ -74,7 +74,7 @@ def test_bad_flags_and_commands_exit_2_with_a_message(args: list[str], message: 
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.skipif(not ADMIN.is_dir(), reason="this host has no DAMON sysfs")
+@pytest.mark.usefixtures("foreign_kdamond")  # DAMON busy with a kdamond not ours
 def test_run_with_a_source_this_hosts_damon_cannot_give_exits_2_and_points_to_the_vm() -> None:
     before = kdamond_states()
     for source in ("vaddr", "paddr"):
@@ -85,10 +85,10 @@ def test_run_with_a_source_this_hosts_damon_cannot_give_exits_2_and_points_to_th
     assert kdamond_states() == before  # the foreign kdamond runs on, untouched
 
 
-@pytest.mark.skipif(not ADMIN.is_dir(), reason="this host has no DAMON sysfs")
+@pytest.mark.usefixtures("foreign_kdamond")  # DAMON busy with a kdamond not ours
 def test_attach_on_this_hosts_damon_exits_2_and_leaves_the_target_running() -> None:
     before = kdamond_states()
-    target = subprocess.Popen(["sleep", "60"])
+    target = subprocess.Popen(["sleep", "3600"])  # killed below
     try:
         r = damon_hp("attach", "--source", "vaddr", str(target.pid))
         assert r.returncode == 2

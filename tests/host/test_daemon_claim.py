@@ -19,13 +19,11 @@ from daemon_host import (
     ROOT,
     Daemon,
     Workloads,
-    foreign_kdamond_running,
     status,
 )
 from leftovers import instances_of, wait_for
 
-pytestmark = pytest.mark.skipif(not foreign_kdamond_running(),
-                                reason="no kdamond for the passive source")
+pytestmark = pytest.mark.usefixtures("foreign_kdamond")  # never a skip: conftest.py
 
 START_S = 60.0
 TAKE_OVER_S = 20.0  # "a few scans" (scan_every_s = 1) with room for a loaded host

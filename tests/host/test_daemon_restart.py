@@ -4,16 +4,17 @@ A SIGKILLed daemon cleans nothing: its tracefs instance and its status records (
 managed process) stay, and so do the huge pages it made. The next daemon must remove both
 leftovers before it manages the processes again, and must count those huge pages against the
 budget from its first round. Which pages the dead daemon made depends on when the passive
-source showed it the hot set, so the test makes them itself after the kill (MADV_COLLAPSE of a
+source showed it the hot set, so the test tops them up itself after the kill (MADV_COLLAPSE of a
 budget's worth of one process's hot region): the second daemon then starts with its budget
-full, and must admit nothing whenever it sees the hot sets.
+full (smaps says so), and must admit nothing when it sees the hot sets. The test waits (polling
+the daemon's --json, rewritten after every round with candidates) until the second daemon has
+had rounds with candidates: without them "admits nothing" would hold by default.
 """
 
 from __future__ import annotations
 
 import json
 import signal
-import time
 
 import pytest
 from daemon_host import (
@@ -21,7 +22,6 @@ from daemon_host import (
     Daemon,
     Workloads,
     anon_huge,
-    foreign_kdamond_running,
     running_kdamonds,
     status,
 )
@@ -30,9 +30,13 @@ from leftovers import instances_of, wait_for
 
 BUDGET = 32 * MIB
 HUGE = 2 * MIB
+# Until the second daemon has had this many rounds with candidates: the passive rule needs 3
+# hot snapshots over 2 of the foreign kdamond's 5 s aggregations, tens of seconds more on a
+# loaded host; a faster rule only shortens the wait.
+ROUNDS = 2
+ROUNDS_DEADLINE_S = 180
 
-pytestmark = pytest.mark.skipif(not foreign_kdamond_running(),
-                                reason="no kdamond for the passive source")
+pytestmark = pytest.mark.usefixtures("foreign_kdamond")  # never a skip: conftest.py
 
 
 def config(folder) -> str:
@@ -70,16 +74,19 @@ def test_a_daemon_killed_with_sigkill_is_cleaned_up_by_the_next_start(tmp_path) 
         first = Daemon(cfg, run, tmp_path / "first.err")
         first.wait_managing({a, b})
         wait_for("the first daemon's tracefs instance", lambda: instances_of(first.pid), 30)
-        time.sleep(2)  # mid-run: rounds going
+        # mid-run: the first daemon has taken snapshots of both (its status records say so)
+        wait_for("the first daemon's first snapshots", lambda: all(
+            r["snapshots"] >= 1 for r in status(first.env) if r["agent_pid"] == first.pid),
+            60, every_s=1)
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
         left_instances = instances_of(first.pid)
         left_records = first.records()
         assert left_instances and len(left_records) == 2  # the leftovers this test is about
         assert all(not r["alive"] for r in status(first.env) if r["agent_pid"] == first.pid)
-        if anon_huge(a) + anon_huge(b) == 0:
-            collapse_budget_worth(a, hot_a)
+        collapse_budget_worth(a, hot_a)  # on top of whatever the first daemon made
         huge_before = anon_huge(a) + anon_huge(b)
+        assert huge_before >= BUDGET, f"{huge_before / MIB:.0f} MiB huge (smaps)"
 
         second = Daemon(cfg, run, tmp_path / "second.err", tmp_path / "second.json")
         second.wait_managing({a, b})
@@ -92,7 +99,14 @@ def test_a_daemon_killed_with_sigkill_is_cleaned_up_by_the_next_start(tmp_path) 
         # counted from the start (the records are written before the first round)
         assert sum(r["anon_huge_bytes"] for r in agents) >= huge_before
 
-        time.sleep(5)  # rounds of the second daemon
+        def rounds() -> list[dict]:
+            try:
+                return json.loads((tmp_path / "second.json").read_text())["rounds"]
+            except (OSError, ValueError):  # not written yet
+                return []
+
+        took = wait_for(f"{ROUNDS} rounds with candidates of the second daemon",
+                        lambda: len(rounds()) >= ROUNDS, ROUNDS_DEADLINE_S, every_s=1)
         huge_after = anon_huge(a) + anon_huge(b)
         assert second.terminate() == 0, second.log()
         log = second.log()
@@ -103,17 +117,17 @@ def test_a_daemon_killed_with_sigkill_is_cleaned_up_by_the_next_start(tmp_path) 
                 d.kill()
         work.stop_all()
 
-    if huge_before >= BUDGET:
-        assert huge_after == huge_before  # a full budget admits nothing
-    assert huge_after <= max(BUDGET, huge_before)
+    assert len(report["rounds"]) >= ROUNDS
+    assert huge_after == huge_before  # a full budget admits nothing (smaps)
     for rnd in report["rounds"]:
-        admitted = sum(c["admitted"] for c in rnd["candidates"])
-        assert rnd["held_bytes_before"] >= huge_before or admitted == 0, rnd
-        assert rnd["held_bytes_before"] + admitted * HUGE <= max(BUDGET, huge_before), rnd
+        assert rnd["candidates"], rnd
+        assert rnd["held_bytes_before"] >= huge_before, rnd  # counted from the first round
+        assert not any(c["admitted"] for c in rnd["candidates"]), rnd
     assert instances_of(second.pid) == []
     assert not list(run.glob("agent-*"))
     assert running_kdamonds() == kdamonds_before
     assert "Traceback" not in log
-    print(f"left by SIGKILL: {left_instances}, {[p.name for p in left_records]}; huge "
+    print(f"{ROUNDS} rounds with candidates after {took:.0f} s; "
+          f"left by SIGKILL: {left_instances}, {[p.name for p in left_records]}; huge "
           f"{huge_before / MIB:.0f} MiB at the restart, {huge_after / MIB:.0f} MiB at the "
           f"end; log:\n{log}")

@@ -47,8 +47,8 @@ def running_kdamonds() -> list[tuple[int, int, str]]:
 
 
 @pytest.fixture(scope="module")
-def host_damon() -> list[tuple[int, int, str]]:
-    running = running_kdamonds()
+def host_damon(foreign_kdamond) -> list[tuple[int, int, str]]:
+    running = running_kdamonds()  # foreign_kdamond: the one running, or the tier's own
     if not running:
         pytest.fail("this host was expected to run a foreign kdamond (see DEVELOPERS.md); "
                     "these tests check damon-hp's behaviour next to it")
@@ -117,9 +117,9 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare missing")
 def test_start_on_host_is_refused_before_any_write_naming_the_foreign_kdamond(host_damon,
                                                                            tmp_path):
+    assert shutil.which("unshare"), "unshare missing: it comes with util-linux (Debian: essential)"
     # In a private mount namespace DAMON's sysfs is read-only: a write would fail with EROFS
     # (outcome "error") instead of reaching the kernel; the refusal must come first.
     script = (

@@ -53,7 +53,8 @@ def built() -> None:
     if r.returncode != 0:
         pytest.fail(f"make -C workloads failed:\n{r.stdout}{r.stderr}")
     if not Path(GNU_TIME).exists():
-        pytest.skip(f"{GNU_TIME} (Debian package 'time') is not installed: it measures peak RSS")
+        pytest.fail(f"{GNU_TIME} (Debian package 'time') is not installed: it measures peak "
+                    "RSS; run `make setup`")
 
 
 def touched(program: str, set_name: str) -> int:
@@ -84,7 +85,7 @@ def peak_rss(program: str, set_name: str, rundir: Path) -> int:
 @pytest.mark.parametrize("program,set_name", CASES)
 def test_peak_rss_growth_from_test_set_matches_footprint_formula(tmp_path, program, set_name):
     if not (WORKLOADS / "bin" / program).exists():
-        pytest.skip(f"{program} has no source in workloads/src yet")
+        pytest.fail(f"workloads/bin/{program} is missing: run `make setup` (make -C workloads)")
     expected = touched(program, set_name) - touched(program, "test")
     measured = peak_rss(program, set_name, tmp_path) - peak_rss(program, "test", tmp_path)
     tolerance = MIB // 2 + expected // 10

@@ -4,8 +4,10 @@ share one budget smaller than their hot sets together.
 
 Each round does what `Service.round` does without its I/O: `policy.decide` per process (no
 budget of its own) with its candidates' `Decision.benefit`, `budget.admit` across processes, then
-every admitted collapse succeeds (`record_outcomes`). Expectations are relations (who wins,
-what never exceeds what), not numbers copied from an earlier run.
+every admitted collapse succeeds (`record_outcomes`). What a process holds against the budget is
+what the daemon counts (`Managed.held_bytes`): its promoted ranges, or its huge pages if more,
+since a range the policy lets go of stays huge (MADV_COLLAPSE only, no split). Expectations are
+relations (who wins, what never exceeds what), not numbers copied from an earlier run.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ def replay(streams: dict[int, list[Snapshot | None]], rule_of: dict[int, str],
     params = PolicyParams(promote_after_snapshots=2, promote_after_s=1.0,
                           seed_streak_from_age=False)
     states = {pid: PolicyState() for pid in streams}
+    huge: dict[int, set[int]] = {pid: set() for pid in streams}  # collapsed starts: stay huge
+
+    def held_bytes(pid: int) -> int:
+        return max(states[pid].promoted_bytes, len(huge[pid]) * H)
+
     out = Replay()
     for k in range(max(len(s) for s in streams.values())):
         candidates: list[Candidate] = []
@@ -76,14 +83,15 @@ def replay(streams: dict[int, list[Snapshot | None]], rule_of: dict[int, str],
             candidates += [Candidate(pid, rule_of[pid], s, decision.benefit[s])
                            for s in decision.promote]
             pending[pid] = snap
-        held = {pid: st.promoted_bytes for pid, st in states.items()}
+        held = {pid: held_bytes(pid) for pid in states}
         adm = admit(candidates, held, rule_of, budget_bytes, rule_budgets)
         for pid, snap in pending.items():
             done = {s: None for s in adm.admitted.get(pid, ())}
+            huge[pid].update(done)
             states[pid] = record_outcomes(states[pid], done, params, snap.taken_at_s)
         out.rounds.append(Round(
             candidates, {(pid, s) for pid, starts in adm.admitted.items() for s in starts},
-            {pid: st.promoted_bytes for pid, st in states.items()}))
+            {pid: held_bytes(pid) for pid in states}))
     return out
 
 

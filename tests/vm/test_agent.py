@@ -342,7 +342,9 @@ def test_busy_damon_is_reported_and_the_foreign_kdamond_is_left_untouched() -> N
         assert before["state"] == "on"
         run = subprocess.run([DAMON_HP, "run", "--", "true"], capture_output=True, text=True,
                              timeout=300)
-        victim = subprocess.Popen(["sleep", "60"])
+        # killed below; long enough to outlive a slow attach (a `sleep 60` had exited before
+        # attach looked at it on a loaded host, 2026-11-25: "process ... has already exited")
+        victim = subprocess.Popen(["sleep", "3600"])
         attach = subprocess.run([DAMON_HP, "attach", str(victim.pid)], capture_output=True,
                                 text=True, timeout=300)
         victim.kill()

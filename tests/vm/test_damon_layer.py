@@ -25,6 +25,7 @@ from damon_hp.damon import (
     AccessPattern,
     AddrRange,
     Intervals,
+    IntervalsGoal,
     KdamondStopped,
     Scheme,
     Snapshot,
@@ -42,7 +43,31 @@ HOTCOLD = ROOT / "workloads/bin/hotcold"
 MiB = 1 << 20
 # Short intervals so a few aggregations pass in seconds even in the slow TCG guest.
 INTERVALS = Intervals(sample_us=5_000, aggr_us=100_000, update_us=1_000_000)
-WARMUP_S = 3.0  # ~30 aggregation intervals: regions have split along the buffers by then
+# Warm-up: regions split along the buffers within ~30 aggregations. Counted, not slept: an
+# idle region's age grows by one per aggregation, so a region aged WARMUP_AGGRS proves at least
+# that many have passed (3 s is 30 of them on a quiet guest, a third of that on a loaded TCG).
+WARMUP_AGGRS = 30
+WARMUP_DEADLINE_S = 180.0
+
+
+def wait_until(what: str, ok, timeout_s: float = WARMUP_DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s: {what}"
+        time.sleep(0.2)
+
+
+def warmed_up(kd, aggrs: int = WARMUP_AGGRS) -> Snapshot:
+    """Poll the kdamond's snapshots until some region is `aggrs` aggregations old."""
+    deadline = time.monotonic() + WARMUP_DEADLINE_S
+    while True:
+        snap = kd.snapshot()
+        oldest = max((r.age for r in snap.regions), default=0)
+        if oldest >= aggrs:
+            return snap
+        assert time.monotonic() < deadline, (
+            f"no region {aggrs} aggregations old within {WARMUP_DEADLINE_S} s (oldest {oldest})")
+        time.sleep(0.2)
 
 
 class HotCold:
@@ -103,7 +128,7 @@ def sysfs_files(root: Path) -> dict[str, str]:
 
 def test_hot_buffer_shows_clearly_more_accesses_than_cold_buffer(hotcold):
     with start_vaddr(hotcold.pid, INTERVALS, 10, 200) as kd:
-        time.sleep(WARMUP_S)
+        warmed_up(kd)
         snaps = [kd.snapshot() for _ in range(5)]
     for s in snaps:
         assert s.pid == hotcold.pid
@@ -126,7 +151,7 @@ def test_hot_buffer_shows_clearly_more_accesses_than_cold_buffer(hotcold):
 
 def test_cold_buffer_ages_while_hot_buffer_reads_accessed(hotcold):
     with start_vaddr(hotcold.pid, INTERVALS, 10, 200) as kd:
-        time.sleep(WARMUP_S)
+        warmed_up(kd)
         snaps = [kd.snapshot() for _ in range(3)]
 
     def median(s: Snapshot, rng: AddrRange, field: str) -> float:
@@ -253,9 +278,11 @@ def test_address_filtered_scheme_reaches_exactly_its_ranges(hotcold):
     ranges = [AddrRange(hotcold.hot.start + 8 * MiB, hotcold.hot.start + 16 * MiB),
               AddrRange(hotcold.cold.start + 64 * MiB, hotcold.cold.start + 80 * MiB)]
     with start_vaddr(hotcold.pid, INTERVALS, 10, 200) as kd:
-        time.sleep(WARMUP_S)
+        warmed_up(kd)
         kd.set_schemes([Scheme("stat", addr_filters=ranges)])
-        time.sleep(1)
+        # applied at least once before its tried regions are read (was a 1 s sleep)
+        wait_until("the filtered scheme to be tried",
+                   lambda: any(st.nr_tried > 0 for st in kd.scheme_stats()))
         tried = [kd.tried_bytes(1) for _ in range(7)]
         whole = kd.tried_bytes(0)
     print(f"tried bytes of the filtered scheme: {[t // MiB for t in tried]} MiB")
@@ -272,8 +299,7 @@ def test_access_pattern_scheme_matches_the_hot_buffer_and_not_the_cold(hotcold):
         # intervals of wall time, which a slow kdamond can miss (reads 0).
         kd.set_schemes([Scheme("stat", pattern=AccessPattern(min_nr_accesses=quarter),
                                apply_interval_us=INTERVALS.sample_us)])
-        time.sleep(WARMUP_S)
-        snap = kd.snapshot()
+        snap = warmed_up(kd)
         tried = statistics.median(kd.tried_bytes(1) for _ in range(5))
         stats = kd.scheme_stats()
     hot_seen = sum(r.range.overlap(hotcold.hot) for r in snap.regions
@@ -284,6 +310,47 @@ def test_access_pattern_scheme_matches_the_hot_buffer_and_not_the_cold(hotcold):
     # Region edges land within a few pages of the buffer's edges, never deep in the cold.
     assert tried <= hotcold.hot.size + 4 * MiB
     assert len(stats) == 1 and stats[0].nr_tried > 0
+
+
+def test_interval_autotuning_moves_the_sampling_interval_where_the_kernel_has_it(hotcold):
+    """DAMON's interval auto-tuning (intervals_goal, Linux 6.15+), which `run` and `attach`
+    ask for by default: where the kernel has it, the goal is written, the sampling interval
+    DAMON reports (sysfs, after update_tuned_intervals) moves within the goal's bounds, and the
+    snapshots carry the tuned intervals; where it has not (6.12), nothing is written and the
+    intervals stay as configured. Either way snapshots still cover both buffers."""
+    goal = IntervalsGoal(access_bp=400, aggrs=3, min_sample_us=INTERVALS.sample_us,
+                         max_sample_us=100_000)
+    with start_vaddr(hotcold.pid, INTERVALS, 10, 200, intervals_goal=goal) as kd:
+        iv = kd.ctx / "monitoring_attrs/intervals"
+        has_goal = (iv / "intervals_goal").is_dir()
+        assert has_goal == (kernel_version() >= (6, 15)), "intervals_goal vs kernel version"
+        assert kd.autotuned == has_goal
+        if has_goal:
+            written = {k: int((iv / "intervals_goal" / k).read_text())
+                       for k in goal.to_dict()}
+            assert written == goal.to_dict()
+            deadline = time.monotonic() + WARMUP_DEADLINE_S
+            seen = []
+            while True:
+                snap = kd.snapshot()  # asks for the tuned intervals first
+                seen.append(snap.sample_us)
+                if snap.sample_us != INTERVALS.sample_us:
+                    break
+                assert time.monotonic() < deadline, (
+                    f"sampling interval never tuned in {WARMUP_DEADLINE_S} s: {seen}")
+                time.sleep(0.5)
+            assert int((iv / "sample_us").read_text()) == snap.sample_us
+            assert goal.min_sample_us <= snap.sample_us <= goal.max_sample_us, seen
+            assert snap.aggr_us > snap.sample_us
+            print(f"sampling interval tuned from {INTERVALS.sample_us} to {snap.sample_us} us "
+                  f"(aggregation {snap.aggr_us} us) after {len(seen)} snapshots")
+        else:
+            snap = warmed_up(kd)
+            assert (snap.sample_us, snap.aggr_us) == (INTERVALS.sample_us, INTERVALS.aggr_us)
+            assert int((iv / "sample_us").read_text()) == INTERVALS.sample_us
+            assert int((iv / "aggr_us").read_text()) == INTERVALS.aggr_us
+        assert covered_bytes(snap, hotcold.hot) == hotcold.hot.size
+        assert covered_bytes(snap, hotcold.cold) == hotcold.cold.size
 
 
 def test_supports_action_tells_known_from_unknown_actions_without_disturbing(hotcold):

@@ -51,18 +51,23 @@ HOT, COLD = "64M", "256M"
 # as the share is reached, so only a slow run waits longer.
 DEADLINE_S = 240.0
 HOT_SHARE = 0.90
-# The physical sources (paddr, passive) are judged on behaviour, not precision: each must
-# promote the hot buffer ahead of the cold one (a broken reverse map promotes both alike, or
-# neither). How far they get is physics of the frame layout: a DAMON region of all of RAM mixes
-# frames of the cold buffer with busy ones (cold ranges then read hot in some aggregations),
-# and frames freed by the first collapses dilute the regions of the hot frames left (hot then
-# plateaus). Seen in loaded fresh-clone runs (2026-11-23/24, two suites at once, one TCG
-# thread): paddr cold 0-13.5 % on a fresh VM, 12.5-75 % after other vm tests, hot stuck at 69 %
-# for 120 s with cold at 41 %; passive hot stuck at 84 % with cold at 48 %, and over a
-# 1 s-aggregation kdamond started just before the run cold 17-92 % (64M/256M). Those figures
-# are the benchmark's (experiments/bench-sources.py), not bounds here.
-PHYSICAL_HOT_SHARE = 0.50
-
+# The physical sources (paddr, passive) against README's figures (90 % of the hot set huge, <= 2 %
+# of the cold): the hot buffer must reach HOT_SHARE like vaddr's, and the cold buffer must stay
+# below PHYSICAL_COLD_MAX at that moment (the test stops there). How much of the cold buffer a
+# physical source promotes is physics of the frame layout under emulation: a DAMON region of
+# all of RAM mixes cold frames with busy ones, so cold ranges read hot in some aggregations.
+# Measured 2026-11-25 (6.12 VM, one TCG thread, host load 8-15: other sessions' VMs and suites
+# and a busy loop; hotcold 64M/256M; cold share when hot reached 90 %):
+#   paddr:   5.5 % (fresh VM, 13 s), 34.4 % (after other vm tests, 44 s, commit 3ea2c3a)
+#   passive: 14.8 % (fresh VM, 17 s), 97.7 % (after other vm tests, 24 s: the whole cold buffer
+#            followed the hot one; the old "cold below hot" check failed on it too)
+# Hot reached 90 % in all four (max 96.9 %: 31 of its 32 2 MiB windows, alignment). Earlier
+# loaded runs under older rules (2026-11-23/24) saw cold at 12.5-75 % after other vm tests and
+# hot stuck at 69-84 %. The cold bound is set at the measured spread's edge, not at README's 2 %
+# (host figure): a physical region of all of RAM mixes cold frames with busy ones under
+# emulation. It caught the passive run above; README's own figures are the benchmark's
+# (experiments/bench-sources.py).
+PHYSICAL_COLD_MAX = 0.50
 
 @pytest.fixture(autouse=True)
 def thp_never() -> Iterator[None]:
@@ -177,17 +182,29 @@ def run_until_hot(args: list[str], out: Path, wrap: list[str] | None = None,
 # paddr: our own physical-memory kdamond
 
 
+def changes(samples: list) -> list:
+    """The samples where a share changed (and the last), for a readable message."""
+    return [x for i, x in enumerate(samples)
+            if i == 0 or i == len(samples) - 1 or x[1:] != samples[i - 1][1:]]
+
+
+def assert_hot_backed_cold_not(name: str, took: float | None, samples: list, err: str) -> None:
+    print(f"{name}: {HOT_SHARE:.0%} of the hot buffer huge after {took} s; samples "
+          f"{changes(samples)}")
+    assert took is not None, (
+        f"{name}: hot buffer not {HOT_SHARE:.0%} huge within {DEADLINE_S} s: "
+        f"{changes(samples)}\n{err}")
+    _, hot_then, cold_then = samples[-2]  # the sample that reached the share ("end" follows)
+    assert cold_then <= PHYSICAL_COLD_MAX, (
+        f"{name}: {cold_then:.1%} of the cold buffer huge when the hot one reached "
+        f"{hot_then:.1%}: {changes(samples)}")
+
+
 def test_paddr_source_backs_the_hot_buffer_and_leaves_no_kdamond(tmp_path) -> None:
     out = tmp_path / "out.json"
-    hc, took, samples, err, code = run_until_hot(["--source", "paddr"], out,
-                                                 share=PHYSICAL_HOT_SHARE)
-    print(f"paddr: {PHYSICAL_HOT_SHARE:.0%} of the hot buffer huge after {took} s; samples "
-          f"{samples}")
+    hc, took, samples, err, code = run_until_hot(["--source", "paddr"], out)
     print(err[err.find("damon-hp summary"):])
-    assert took is not None, (
-        f"hot buffer not {PHYSICAL_HOT_SHARE:.0%} huge within {DEADLINE_S} s: {samples}\n{err}")
-    _, hot_then, cold_then = samples[-2]  # the sample that reached the share ("end" follows)
-    assert cold_then < hot_then, f"the cold buffer was promoted as fast as the hot one: {samples}"
+    assert_hot_backed_cold_not("paddr", took, samples, err)
     assert code == 0, err  # hotcold exits 0 on SIGTERM, passed through
     source = json.loads(out.read_text())["summary"]["source"]
     assert source["name"] == "paddr"
@@ -280,14 +297,9 @@ def test_passive_source_backs_the_hot_buffer_through_a_foreign_kdamond_it_never_
     assert before["state"].strip() == "on"
     out = tmp_path / "out.json"
     hc, took, samples, err, code = run_until_hot(["--source", "passive"], out,
-                                                 wrap=READ_ONLY_DAMON, share=PHYSICAL_HOT_SHARE)
+                                                 wrap=READ_ONLY_DAMON)
     after = foreign.files()
-    print(f"passive: {PHYSICAL_HOT_SHARE:.0%} of the hot buffer huge after {took} s; samples "
-          f"{samples}")
-    assert took is not None, (
-        f"hot buffer not {PHYSICAL_HOT_SHARE:.0%} huge within {DEADLINE_S} s: {samples}\n{err}")
-    _, hot_then, cold_then = samples[-2]  # the sample that reached the share ("end" follows)
-    assert cold_then < hot_then, f"the cold buffer was promoted as fast as the hot one: {samples}"
+    assert_hot_backed_cold_not("passive", took, samples, err)
     assert code == 0, err
     s = json.loads(out.read_text())["summary"]
     assert s["source"]["name"] == "passive"
@@ -322,6 +334,40 @@ def test_auto_picks_the_foreign_kdamond_when_damon_is_busy_and_says_why(
     assert s["reason"].startswith("auto: ") and "vaddr" in s["reason"], s
     assert foreign.files() == before
     assert kdamond_threads() == [foreign.pid]
+
+
+def test_where_no_source_works_auto_lists_each_refusal_on_its_own_line(tmp_path) -> None:
+    """DAMON busy with a foreign *vaddr* kdamond (raw sysfs writes, watching a sleep): no
+    kdamond of ours can start (vaddr, paddr) and passive reads paddr kdamonds only, so `run`
+    exits 2 with one line per source saying why (53333e4 once merged them into one)."""
+    sleeper = subprocess.Popen(["sleep", "600"])
+    kd = KDAMONDS / "0"
+    try:
+        (KDAMONDS / "nr_kdamonds").write_text("1")
+        (kd / "contexts/nr_contexts").write_text("1")
+        (kd / "contexts/0/operations").write_text("vaddr")
+        (kd / "contexts/0/targets/nr_targets").write_text("1")
+        (kd / "contexts/0/targets/0/pid_target").write_text(str(sleeper.pid))
+        (kd / "state").write_text("on")
+        r = subprocess.run([DAMON_HP, "run", "--json", str(tmp_path / "out.json"), "--",
+                            "true"], capture_output=True, text=True, timeout=180)
+    finally:
+        if (kd / "state").exists() and (kd / "state").read_text().strip() == "on":
+            (kd / "state").write_text("off")
+            deadline = time.monotonic() + 30
+            while (kd / "state").read_text().strip() != "off" and time.monotonic() < deadline:
+                time.sleep(0.1)
+        (KDAMONDS / "nr_kdamonds").write_text("0")
+        sleeper.kill()
+        sleeper.wait()
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    head = next(i for i, line in enumerate(lines)
+                if "no DAMON access source works here:" in line)
+    assert [line.split(":")[0] for line in lines[head + 1:head + 4]] == [
+        "  vaddr", "  paddr", "  passive"], r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out.json").exists()
 
 # --------------------------------------------------------------------------------------------
 # the event stream and tried_regions: one aggregation, two readers

@@ -9,8 +9,9 @@ own), tracefs, BTF, hardware PMU, root and capabilities.
 
 Doctor only reads DAMON sysfs and THP settings; it never writes to them.
 
-exit codes: 0 everything works, 1 damon-hp runs with limits (e.g. no PMU),
-2 damon-hp cannot run here (e.g. no vaddr DAMON, or a foreign kdamond is running).
+exit codes: 0 everything works; 1 damon-hp runs with limits (e.g. no PMU, only paddr DAMON,
+or a foreign kdamond running, read through the passive source); 2 damon-hp cannot run here (a
+check is MISSING: e.g. no DAMON sysfs, no access source that works, not root).
 examples:
   damon-hp doctor
   damon-hp doctor --json | jq '.checks[] | select(.status != "OK")'
