@@ -116,7 +116,8 @@ def test_tiny_redis_and_mariadb_run_every_arm_report_the_targets_and_leave_nothi
     report = (out / "report.md").read_text()
     for row in ("redis: get: damon-hp throughput no worse than thp-never beyond noise",
                 "redis: set: damon-hp latency p99 no worse than thp-never beyond noise",
-                "redis: get: damon-hp keeps >= 90 % of everywhere's gain in server CPU",
+                "redis: get: damon-hp keeps >= 70 % of everywhere's gain in server CPU",
+                "redis: get: no harm: damon-hp's server CPU per request no worse than",
                 "redis: RSS within 2 % of thp-never's",
                 "redis: after deleting a random half of the keys and loading new ones",
                 "mariadb: oltp_point_select: damon-hp throughput no worse",
