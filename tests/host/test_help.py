@@ -31,7 +31,7 @@ def commands() -> list[str]:
     return re.findall(r"^ {4}(\w[\w-]*)", listing, flags=re.M)
 
 
-COMMANDS = ["doctor", "run", "attach", "status", "trace", "vm", "daemon", "experiment"]
+COMMANDS = ["doctor", "run", "attach", "advise", "status", "trace", "vm", "daemon", "experiment"]
 SUBCOMMANDS = [("vm", "run"), ("vm", "shell"), ("experiment", "run"), ("experiment", "report")]
 
 
