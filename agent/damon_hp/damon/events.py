@@ -342,7 +342,10 @@ def remove_stale_instances(tracefs: str = TRACEFS) -> list[str]:
         except FileNotFoundError:
             continue
         except OSError as e:
-            if e.errno == errno.EBUSY:
+            # EBUSY: someone still reads it. ENODEV: another damon-hp starting at the same
+            # moment is removing it (tracefs answers the second rmdir so while the first runs;
+            # seen 2026-11-25 with two `advise` starting together).
+            if e.errno in (errno.EBUSY, errno.ENODEV):
                 continue
             raise
         removed.append(name)
