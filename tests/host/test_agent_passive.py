@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from damon_hp import procfs
@@ -83,7 +84,9 @@ def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_d
                                  max(hot["end"], cold["end"]), kdamond_pid,
                                  **foreign_intervals(kd_dir))
         # what the kdamond itself reads of the hot buffer (accessed or idle): on a machine
-        # whose free memory is fragmented it reads a fresh process's scattered frames idle
+        # whose free memory is fragmented it reads a fresh process's scattered frames idle.
+        # One aggregation on: the one in progress may hold the buffer's first touch.
+        time.sleep(foreign_intervals(kd_dir)["aggr_us"] / 1e6)
         sees = kdamond_sees(first["pid"], hot["start"], hot["end"], kd_dir, kdamond_pid)
         for n, _line in enumerate(p.stdout):  # hotcold's once-a-second progress
             if n % 5 == 0:
