@@ -187,11 +187,13 @@ class ChildUsage:
     majflt: int
 
 
-def reaped_child_usage(agent_pid: int, timeout_s: float = 5.0) -> ChildUsage | None:
+def reaped_child_usage(agent_pid: int, timeout_s: float = 30.0) -> ChildUsage | None:
     """The workload's own CPU time and faults, read from its parent's /proc/PID/stat (cutime,
     cstime, cminflt, cmajflt) once the agent has reaped it: on the host there is no cgroup to
     count the workload alone, and the agent's wait4 rusage adds the agent's own. None when the
-    agent is gone (reaped) before it could be read."""
+    agent is gone (reaped) before it could be read. The wait is long: an agent busy with a
+    snapshot on a loaded host reaps its child late (5 s was too short once, 2026-11-25), and it
+    ends as soon as the agent has reaped it."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
