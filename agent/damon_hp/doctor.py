@@ -8,6 +8,9 @@ recorded on real machines (tests/fixtures/doctor-*.json).
 
 Statuses: OK; LIMITED (damon-hp runs, without that capability); MISSING (damon-hp cannot run).
 Exit code: 2 if anything is MISSING, else 1 if anything is LIMITED, else 0.
+
+Length (over 600 lines): gather and judge share one `Facts` record and are read together; the
+per-source judgements are the part to split off next (issue 25).
 """
 
 from __future__ import annotations

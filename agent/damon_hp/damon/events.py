@@ -27,6 +27,10 @@ sometimes a few ms ahead of the rest); for paddr, target_id is 0 and a target's 
 contiguous from its first start to its last end; nr_regions varies from one aggregation to the
 next (1,345 to 2,031 seen, max 8192); the physical range monitored can change while the
 kdamond runs (its owner rewrote it from 4-7.4 GiB to 4-13.75 GiB here).
+
+Length (over 600 lines): the tracefs instance, the event parser, the aggregation assembler and
+the interval follower for DAMON modules are one reader of one event; the parser and assembler
+are the part to split off next (issue 25).
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Sysfs facts this relies on (checked on Linux 6.12 and 6.18):
   `schemes/M/tried_regions/` with the regions the scheme matched, after the next apply),
   update_schemes_tried_bytes (only `tried_regions/total_bytes`), clear_schemes_tried_regions,
   and update_tuned_intervals (6.15+).
+
+Length (over 600 lines): one kdamond's whole life (start, schemes, snapshots, stop, reclaim
+after a crash) stays in one module so that every sysfs write damon-hp ever makes is here; the
+split to come is the schemes part (issue 25).
 """
 
 from __future__ import annotations
