@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from damon_hp import procfs
 from damon_hp.daemon.vaddr import MultiTargetSource
-from damon_hp.damon import io, kdamond
+from damon_hp.damon import events, io, kdamond
 from damon_hp.damon.events import INSTANCE_PREFIX
 from damon_hp.damon.kdamond import KdamondStopped, start_vaddr_multi
 from damon_hp.damon.sources import MonitorSettings
@@ -171,6 +171,14 @@ def test_daemon_watches_every_process_through_one_vaddr_kdamond(tmp_path) -> Non
                                        PICKUP_S)
         kpid = one_kdamond_with({big, small1, small2})
         assert set(snapshots(daemon)) == {big, small1, small2}  # never the excluded one
+        # sysfs shows the pids as soon as the daemon writes them; the kdamond applies the
+        # commit at its next aggregation. Until then, a pid that exits makes the commit fail
+        # and the kdamond stop (seen in CI, 2026-11-25): the first snapshot of the late
+        # process is what proves the commit applied.
+        took["late read"] = wait_for("a snapshot of the late process",
+                                     lambda: snapshots(daemon).get(small2, 0) >= 1, PICKUP_S,
+                                     every_s=1.0)
+        assert one_kdamond_with({big, small1, small2}) == kpid
 
         took["collapse"] = wait_for("a collapse from the vaddr snapshots",
                                     lambda: any(anon_huge(p) for p in (big, small1, small2)),
@@ -218,7 +226,9 @@ def test_daemon_watches_every_process_through_one_vaddr_kdamond(tmp_path) -> Non
             daemon.kill()
             print(f"damon-hpd log:\n{daemon.log()}")  # shown when the test fails
         work.stop_all()
-        kdamond.reclaim_stale(run_dir=run_dir)  # after a failure: a free DAMON for the next
+        # after a failure: a free DAMON and no instance of the killed daemon for the next test
+        kdamond.reclaim_stale(run_dir=run_dir)
+        events.remove_stale_instances()
 
     assert not watcher.broken, watcher.broken[:5]
     assert watcher.looks > 0
@@ -319,6 +329,7 @@ def test_a_killed_daemons_kdamond_that_stopped_on_its_own_does_not_block_the_nex
             print(f"damon-hpd log:\n{daemon.log()}")  # shown when the test fails
         work.stop_all()
         kdamond.reclaim_stale(run_dir=run_dir)
+        events.remove_stale_instances()
     assert "access source vaddr" in log, log
     assert io.read_int(KDAMONDS / "nr_kdamonds", 0) == 0, "the dead daemon's dir is left"
     assert not [n for n in INSTANCES.iterdir() if n.name.startswith(INSTANCE_PREFIX)]
