@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from damon_hp import actuate, procfs, report, status_records
+from damon_hp import actuate, procfs, report, stagecpu, status_records
 from damon_hp.damon import KdamondStopped, ownership, revmap
 from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import IntervalsGoal, Recording, Snapshot
@@ -209,7 +209,9 @@ class Agent:
             # short command (it faults its memory in), which left peak RSS unknown.
             self.report.observe_memory(None, status.vm_rss, status.vm_pte, final=False)
             try:
-                snap = self.source.snapshot()
+                assert self.pipeline is not None
+                with self.pipeline.cpu.stage(stagecpu.EVENTS):
+                    snap = self.source.snapshot()
             except KdamondStopped:
                 return "target exit" if self.target.exited(0.5) else "kdamond stopped"
             except EventStreamLost as e:
@@ -258,7 +260,8 @@ class Agent:
         if frames is not None:
             rep.pagemap_reads = {"ranges_read": frames.ranges_read,
                                  "ranges_reused": frames.ranges_reused,
-                                 "windows_read": frames.windows_read}
+                                 "windows_read": frames.windows_read,
+                                 "windows_verified": frames.windows_verified}
         status = obs.status
         entry = report.TimelineEntry(
             t_s=snap.taken_at_s - self.started_at,
@@ -278,7 +281,9 @@ class Agent:
         entry.monitored_share = obs.monitored_share
         entry.unsteady = decision.unsteady
         rep.record_applied(applied, time.monotonic() - self.started_at, entry)
-        self._measure(entry, decision.hot_regions, obs.mappings)
+        with self.pipeline.cpu.stage(stagecpu.MEASURE):
+            self._measure(entry, decision.hot_regions, obs.mappings)
+        rep.monitoring_cpu_by_stage = self.pipeline.cpu.to_dict()
         rep.hot_bytes = entry.hot_bytes
         rep.hot_huge_bytes = entry.hot_huge_bytes
         rep.observe_memory(entry.huge_bytes, status.vm_rss, status.vm_pte)

@@ -6,6 +6,8 @@
     decide()   policy.decide on it (pure), with the residency guard's page counts
     act()      actuator.apply, then policy.record_outcomes
 
+Each stage's CPU (this thread's) is added to `cpu` (stagecpu.py): where monitoring costs.
+
 The agent runs one pipeline; the daemon runs one per managed process and puts its shared
 budget between decide and act (it may replace the decision's promotions before `act`).
 """
@@ -17,9 +19,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from damon_hp import actuate, frames, policy, procfs
+from damon_hp import actuate, policy, procfs, stagecpu
 from damon_hp.damon import revmap
 from damon_hp.damon.model import Snapshot
+from damon_hp.frame_reader import FrameReader
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
 
 # A physical (reverse-mapped) source's regions mix frames of many virtual ranges and of every
@@ -79,6 +82,9 @@ class Observation:
     """its private anonymous mappings: where a collapse is possible"""
     monitored_share: float | None
     """physical sources: share of its resident pages in memory the kdamond watches"""
+    resident: Mapping[int, int]
+    """resident base pages per 2 MiB range (start -> 0..512), as of this observation: what
+    the residency guard counts (a range missing has none)"""
 
     @property
     def thp_disabled(self) -> bool:
@@ -97,9 +103,13 @@ class Observer:
     """Observe one process: its virtual picture of each aggregation, first touch marked.
     Read-only (`damon-hp advise` watches through it alone)."""
 
-    def __init__(self, files: procfs.ProcessFiles, *, physical: bool) -> None:
+    def __init__(self, files: procfs.ProcessFiles, *, physical: bool, can_demote: bool = False,
+                 cpu: stagecpu.StageCpu | None = None) -> None:
         self.files = files
-        self.frames = frames.FrameReader(files.pid) if physical else None
+        self.cpu = cpu if cpu is not None else stagecpu.StageCpu()
+        # A source that can demote reads every frame again after any move: an idle reading
+        # through stale frames could demote a hot range (frame_reader.py).
+        self.frames = FrameReader(files.pid, eager=can_demote) if physical else None
         self.last_mapped: revmap.VirtualAccess | None = None
         """physical sources: the last reverse map, with its per-range page counts"""
         self._faults: int | None = None
@@ -113,20 +123,42 @@ class Observer:
     def observe(self, snap: Snapshot) -> Observation:
         """The process's picture of this aggregation. Raises procfs.ProcessGone (or
         revmap.ProcessGone) once it has exited."""
-        maps = self.files.maps()
-        status = self.files.status()
-        mappings = mappings_of(maps)
-        share = None
+        with self.cpu.stage(stagecpu.PROCFS):
+            maps = self.files.maps()
+            status = self.files.status()
+            mappings = mappings_of(maps)
+            share = None
+            if self.frames is None:
+                virt, counts = snap, self._resident_counts(mappings)
         if self.frames is not None:
-            page_frames = self.frames.read([(m.start, m.end) for m in mappings])
-            mapped = self.last_mapped = revmap.reverse_map(snap, page_frames)
+            mapped = self.last_mapped = self._reverse_map(snap, mappings)
             if mapped.resident_pages:
                 share = mapped.monitored_pages / mapped.resident_pages
             virt, counts = mapped.snapshot, _window_counts(mapped.ranges)
-        else:
-            virt, counts = snap, self._resident_counts(mappings)
         virt = dataclasses.replace(virt, unsteady=self.first_touch.update(counts))
-        return Observation(virt, status, maps, mappings, share)
+        return Observation(virt, status, maps, mappings, share, counts)
+
+    def _reverse_map(self, snap: Snapshot, mappings: list[AddrRange]) -> revmap.VirtualAccess:
+        """The physical snapshot through the target's frames. Windows that read hot (a
+        nonzero access level: what the policy can act on) while their frames may have moved
+        since they were read (FrameReader.unverified) are read again, and the map made anew if
+        any had moved: a cold range must not read hot through frames that compaction gave to a
+        hot huge page. The others wait for the next full read (they can only be late, never
+        collapsed by mistake)."""
+        assert self.frames is not None
+        with self.cpu.stage(stagecpu.PROCFS):
+            page_frames = self.frames.read([(m.start, m.end) for m in mappings])
+        with self.cpu.stage(stagecpu.REVERSE_MAP):
+            mapped = revmap.reverse_map(snap, page_frames)
+        if not self.frames.unverified:
+            return mapped
+        hot = [r.start - r.start % HUGE_PAGE_BYTES for r in mapped.ranges if r.nr_accesses]
+        with self.cpu.stage(stagecpu.PROCFS):
+            checked = self.frames.verify(hot)
+        if checked is None:
+            return mapped
+        with self.cpu.stage(stagecpu.REVERSE_MAP):
+            return revmap.reverse_map(snap, checked)
 
     def _resident_counts(self, mappings: list[AddrRange]) -> dict[int, int]:
         """Resident pages per 2 MiB range of a vaddr target. Read again only when the target
@@ -159,12 +191,14 @@ class ProcessPipeline:
         self.params = params
         self.actuator = actuator
         self.state = policy.PolicyState()
-        self.observer = Observer(files, physical=physical)
+        self.cpu = stagecpu.StageCpu()
+        self.observer = Observer(files, physical=physical, can_demote=params.can_demote,
+                                 cpu=self.cpu)
         self.unsteady_readings = 0
         """hot range readings withheld because the range was being faulted in"""
 
     @property
-    def frames(self) -> frames.FrameReader | None:
+    def frames(self) -> FrameReader | None:
         return self.observer.frames
 
     def observe(self, snap: Snapshot) -> Observation:
@@ -172,20 +206,22 @@ class ProcessPipeline:
 
     def decide(self, obs: Observation, thp_mode: str) -> policy.Decision:
         """The policy's decision on the observation; the state moves on with it."""
-        thp_disabled = obs.thp_disabled
-        cands = policy.collapse_candidates(obs.snapshot, self.state, self.params,
-                                           mappings=obs.mappings, thp_disabled=thp_disabled)
-        resident = self.files.resident_pages(cands) if cands else {}
-        decision, self.state = policy.decide(
-            obs.snapshot, self.state, self.params, rss_bytes=obs.status.vm_rss,
-            mappings=obs.mappings, thp_mode=thp_mode, resident_pages=resident,
-            thp_disabled=thp_disabled)
+        with self.cpu.stage(stagecpu.DECIDE):
+            # The observation counted every range's resident pages already (the reverse map's
+            # frames, or the vaddr count): no second page-table walk for the guard.
+            decision, self.state = policy.decide(
+                obs.snapshot, self.state, self.params, rss_bytes=obs.status.vm_rss,
+                mappings=obs.mappings, thp_mode=thp_mode, resident_pages=obs.resident,
+                thp_disabled=obs.thp_disabled)
         self.unsteady_readings += decision.unsteady
         return decision
 
     def act(self, decision: policy.Decision, taken_at_s: float) -> actuate.Applied:
         """Apply the decision and let the policy learn what took."""
+        t0 = time.thread_time()
         applied = self.actuator.apply(decision, taken_at_s)
         self.state = policy.record_outcomes(self.state, applied.outcomes, self.params,
                                             time.monotonic())
+        copies = sum(r.cpu_seconds for r in (*applied.collapses, *applied.recollapses))
+        self.cpu.add(stagecpu.ACT, max(0.0, time.thread_time() - t0 - copies))
         return applied

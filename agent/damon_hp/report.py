@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from damon_hp import stagecpu
+
 if TYPE_CHECKING:
     from damon_hp.actuate import Applied
 
@@ -119,7 +121,11 @@ class RunReport:
     (a page being faulted in reads as accessed)"""
     pagemap_reads: dict[str, int] | None = None
     """physical sources: ranges whose pagemap entries were read, reused (no frame moved), and
-    2 MiB windows re-read inside otherwise unchanged ranges (frames.FrameReader)"""
+    2 MiB windows re-read inside otherwise unchanged ranges, and windows re-read because they
+    read accessed after frames moved (frame_reader.FrameReader)"""
+    monitoring_cpu_by_stage: dict[str, float] | None = None
+    """the agent thread's CPU per pipeline stage (stagecpu.py), the collapses' copies not
+    included: where the monitoring CPU goes"""
     monitored_share: float | None = None
     """physical sources: share of the target's resident pages in the physical memory the
     kdamond monitors, at the last snapshot (the rest is invisible to damon-hp)"""
@@ -212,6 +218,7 @@ class RunReport:
             "target_cpu_s": _round(self.target_cpu_s),
             "agent_cpu_s": _round(self.agent_cpu_s),
             "monitoring_cpu_s": _round(monitoring_cpu_s(self)),
+            "monitoring_cpu_by_stage": self.monitoring_cpu_by_stage,
             "kdamond_cpu_s": _round(self.kdamond_cpu_s),
             "kdamond_pid": self.kdamond_pid,
             "source": self.source,
@@ -310,6 +317,8 @@ def format_table(r: RunReport) -> str:
         ("wall time", fmt_seconds(r.wall_s)),
         ("target CPU time", fmt_seconds(r.target_cpu_s)),
         ("agent CPU time", _agent_cpu(r)),
+        *([("monitoring CPU by stage", stagecpu.describe(r.monitoring_cpu_by_stage, r.wall_s))]
+          if r.monitoring_cpu_by_stage else []),
         ("kdamond CPU time", fmt_seconds(r.kdamond_cpu_s)),
         ("snapshots", snaps),
         ("promotions", f"{c.ok} ({fmt_bytes(c.bytes)}) in {fmt_seconds(c.seconds)}"

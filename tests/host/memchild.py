@@ -6,7 +6,10 @@ buffer is MADV_NOHUGEPAGE; `thp-off` turns THP off for the process first
 (prctl(PR_SET_THP_DISABLE, 1)), `thp-advised` does it with PR_THP_DISABLE_EXCEPT_ADVISED (6.18+).
 Meanwhile each stdin line `madvise START LENGTH ADVICE` (decimal) is madvise(2) done by the child
 itself, as a DAMOS action is done on the target's own mm, and `thp-disable N FLAGS` is
-prctl(PR_SET_THP_DISABLE, N, FLAGS); the child answers `ok` or `errno N`.
+prctl(PR_SET_THP_DISABLE, N, FLAGS), and with `spare` (an 8 MiB mapping made at start, never
+remapped) `refault START LENGTH` gives those pages new frames without changing which pages are
+present or any mapping (MADV_DONTNEED, the next LENGTH x 2 of the spare mapping written so that
+the freed frames go to it, then every page written again); the child answers `ok` or `errno N`.
 """
 
 import ctypes
@@ -17,6 +20,8 @@ import sys
 
 HUGE = 2 << 20
 MADV_NOHUGEPAGE = 15
+MADV_DONTNEED = 4
+SPARE = 8 << 20
 PR_SET_THP_DISABLE = 41
 PR_THP_DISABLE_EXCEPT_ADVISED = 1 << 1
 
@@ -44,8 +49,25 @@ def main() -> None:
     for off in range(start - base, start - base + size, 4096):
         buf[off] = 1
     print(json.dumps({"pid": os.getpid(), "start": start, "end": start + size}), flush=True)
+    spare = (mmap.mmap(-1, SPARE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+             if "spare" in sys.argv[2:] else None)
+    spare_used = 0
     for line in sys.stdin:
         verb, *args = line.split()
+        if verb == "refault":
+            addr, length = map(int, args)
+            if spare is None or spare_used + 2 * length > SPARE:
+                print("errno 12", flush=True)  # ENOMEM: no spare frames left to take
+                continue
+            if libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), MADV_DONTNEED):
+                print(f"errno {ctypes.get_errno()}", flush=True)
+                continue
+            for off in range(spare_used, spare_used + 2 * length, 4096):
+                spare[off] = 1
+            spare_used += 2 * length
+            for off in range(addr - base, addr - base + length, 4096):
+                buf[off] = 2
+            print("ok", flush=True)
         if verb == "madvise":
             addr, length, advice = map(int, args)
             failed = libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), advice)

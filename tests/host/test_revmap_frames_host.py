@@ -4,6 +4,10 @@ A quiet child (memchild.py: a populated buffer, then idle) is read snapshot afte
 FrameReader result must equal a fresh read_page_frames of the same moment, while the child's
 memory stays put, after it collapses a 2 MiB range (new frames, PMD-mapped) and after it drops
 pages (MADV_DONTNEED: fewer present, no fault).
+
+A lazy reader (a source that cannot demote) keeps windows whose frames may have moved: the
+pipeline's observation reads such a window again whenever it reads hot, so its map equals one
+made from a fresh read, while a window that reads idle may stay stale until the next full read.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from pathlib import Path
 import pytest
 from damon_hp.damon.model import Region, Snapshot
 from damon_hp.damon.revmap import reverse_map
-from damon_hp.frames import PM_PFN_MASK, PM_PRESENT, FrameReader, read_page_frames
+from damon_hp.frame_reader import FrameReader
+from damon_hp.frames import PM_PFN_MASK, PM_PRESENT, read_page_frames
+from damon_hp.pipeline import Observer
+from damon_hp.procfs import ProcessFiles
 
 HERE = Path(__file__).resolve().parent
 HUGE = 2 << 20
@@ -24,9 +31,8 @@ MADV_DONTNEED = 4
 MADV_COLLAPSE = 25
 
 
-@pytest.fixture
-def child():
-    proc = subprocess.Popen([sys.executable, str(HERE / "memchild.py"), "32"],
+def start_child(*args: str):
+    proc = subprocess.Popen([sys.executable, str(HERE / "memchild.py"), "32", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         layout = json.loads(proc.stdout.readline())
@@ -34,6 +40,16 @@ def child():
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def child():
+    yield from start_child()
+
+
+@pytest.fixture
+def spare_child():
+    yield from start_child("spare")
 
 
 def madvise(proc, start: int, length: int, advice: int) -> str:
@@ -53,12 +69,14 @@ def ranges_of(pid: int) -> list[tuple[int, int]]:
     return [(m.start, m.end) for m in read_maps(pid) if m.anonymous_private]
 
 
-def physical(frames) -> Snapshot:
-    """Made-up physical regions over the frames seen, 64 KiB each, of varied access counts."""
-    top = max(pfns(frames).values()) + 1
+def physical(*frames, base_accesses: int = 0, scale: int = 1) -> Snapshot:
+    """Made-up physical regions over the frames seen, 64 KiB each, of varied access counts
+    (base_accesses + 0..6, times `scale`)."""
+    top = max(max(pfns(f).values()) for f in frames) + 1
     step = max(16, top // 20_000)
     return Snapshot(taken_at_s=0.0, pid=0, sample_us=5_000, aggr_us=100_000, regions=tuple(
-        Region(p * 4096, min(p + step, top) * 4096, (p // step) % 7, (p // step) % 5)
+        Region(p * 4096, min(p + step, top) * 4096, scale * (base_accesses + (p // step) % 7),
+               (p // step) % 5)
         for p in range(0, top, step)))
 
 
@@ -100,3 +118,42 @@ def test_frame_reader_reuses_only_unchanged_ranges_and_is_never_stale(child):
     madvise(proc, start + HUGE, HUGE // 2, MADV_DONTNEED)
     got = check_read(reader, pid)
     assert start + HUGE not in pfns(got)
+
+
+def test_a_lazy_observer_reads_a_moved_window_again_once_it_reads_hot(spare_child):
+    proc, layout = spare_child
+    pid, start = layout["pid"], layout["start"]
+    window = start + 2 * HUGE
+    files = ProcessFiles(pid)
+    try:
+        obs = Observer(files, physical=True, can_demote=False)
+        first = read_page_frames(pid, ranges_of(pid))
+        obs.observe(physical(first))
+        assert obs.frames is not None and not obs.frames.eager
+        before = pfns(first)
+        assert refault(proc, window, HUGE) == "ok"
+        fresh = read_page_frames(pid, ranges_of(pid))
+        moved = [a for a in range(window, window + HUGE, 4096) if pfns(fresh)[a] != before[a]]
+        assert moved, "the refault gave the window its old frames back"
+
+        # Nothing accessed: the moved window is kept as it was read, and noted unverified.
+        obs.observe(physical(first, fresh, scale=0))
+        assert window in obs.frames.unverified
+        assert obs.frames.windows_verified == 0
+
+        # Every frame accessed (old and new ones): the window reads hot, so it is read again
+        # before its reading is used, and the map equals one made from a fresh read.
+        phys = physical(first, fresh, base_accesses=1)
+        obs.observe(phys)
+        assert window not in obs.frames.unverified
+        assert obs.frames.windows_verified >= 1
+        now = read_page_frames(pid, ranges_of(pid))
+        assert obs.last_mapped == reverse_map(phys, now)
+    finally:
+        files.close()
+
+
+def refault(proc, start: int, length: int) -> str:
+    proc.stdin.write(f"refault {start} {length}\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()

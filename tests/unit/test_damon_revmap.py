@@ -200,7 +200,7 @@ def test_share_must_be_a_percentage():
 
 
 def test_changed_windows_are_where_two_stretch_lists_disagree():
-    from damon_hp.frames import _changed_windows
+    from damon_hp.frame_reader import _changed_windows
 
     h = HUGE_PAGE_BYTES
     old = [(V, V + 4 * h, 8)]

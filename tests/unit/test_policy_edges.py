@@ -12,7 +12,6 @@ from damon_hp.policy import (
     PolicyParams,
     PolicyState,
     RangeState,
-    collapse_candidates,
     decide,
     record_outcomes,
 )
@@ -216,7 +215,6 @@ def test_process_that_disabled_thp_gets_no_collapse_and_keeps_its_streaks() -> N
     params = PolicyParams(promote_after_snapshots=2, promote_after_s=0.0)
     _, state = decide(s, PolicyState(), params)
     later = snap(1.0, (0, 4 * H, 20))
-    assert collapse_candidates(later, state, params, thp_disabled=True) == ()
     d, off = decide(later, state, params, thp_disabled=True)
     assert d.promote == ()
     assert d.held_by_thp_disabled == 4

@@ -29,10 +29,10 @@ def dry_run_policy(snapshots: Sequence[Snapshot], mappings: Sequence[AddrRange],
                    params: policy.PolicyParams | None = None) -> set[int]:
     """The 2 MiB ranges damon-hp's rule would have collapsed over `snapshots`.
 
-    The ONE place `advise` calls the policy (its public API of today: collapse_candidates,
-    decide, record_outcomes); every planned range is treated as collapsed. `mappings`: the
-    private anonymous mappings; `resident`: range start -> resident base pages (the residency
-    guard); `source`: the access source's name (physical sources ask for more evidence).
+    The ONE place `advise` calls the policy (its public API: decide, record_outcomes); every
+    planned range is treated as collapsed. `mappings`: the private anonymous mappings;
+    `resident`: range start -> resident base pages (the residency guard); `source`: the access
+    source's name (physical sources ask for more evidence).
     """
     if not snapshots:
         return set()
@@ -41,10 +41,8 @@ def dry_run_policy(snapshots: Sequence[Snapshot], mappings: Sequence[AddrRange],
     state = policy.PolicyState()
     made: set[int] = set()
     for snap in snapshots:
-        cands = policy.collapse_candidates(snap, state, p, mappings=mappings)
-        res = {s: resident.get(s, 0) for s in cands}
         decision, state = policy.decide(snap, state, p, mappings=mappings,
-                                        thp_mode="never", resident_pages=res)
+                                        thp_mode="never", resident_pages=resident)
         state = policy.record_outcomes(state, dict.fromkeys(decision.promote), p,
                                        snap.taken_at_s)
         made.update(decision.promote)

@@ -41,7 +41,7 @@ import sys
 import time
 from typing import Any
 
-from damon_hp import actuate, policy, procfs, report, status_records
+from damon_hp import actuate, policy, procfs, report, stagecpu, status_records
 from damon_hp.daemon import budget as budget_mod
 from damon_hp.daemon import selection
 from damon_hp.daemon.config import DaemonConfig, load_config
@@ -55,6 +55,8 @@ from damon_hp.pipeline import ProcessPipeline, params_for_source
 from damon_hp.ranges import AddrRange
 
 STATUS_EVERY_S = 2.0
+SCAN = "scan"      # the daemon's stages beside the pipeline's (stagecpu.py): /proc rescans,
+STATUS = "status"  # and status records, journal summaries, --json
 READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are seen this soon
 MAX_ROUNDS_KEPT = 200
 THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
@@ -68,6 +70,11 @@ def _huge_bytes(m: Managed) -> int | None:
         return sum(r.size for r in m.files.huge_regions_in(m.mappings))
     except procfs.PagemapScanUnsupported:
         return m.files.rollup().get("AnonHugePages")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def log(text: str) -> None:
@@ -127,6 +134,8 @@ class Managed:
         self.pending: tuple[Snapshot, policy.Decision] | None = None
         self.skipped: str | None = None
         """why this process gets no collapse (it disabled THP for itself), None while managed"""
+        self.status_written: dict[str, Any] | None = None
+        """its status record as last written, less the time"""
 
     @property
     def state(self) -> policy.PolicyState:
@@ -170,6 +179,12 @@ class Service:
         self.started = time.monotonic()
         self.params = policy.PolicyParams()
         self._old_handlers: dict[int, Any] = {}
+        self.source_info: dict[str, Any] | None = None
+        self.start_cpu_s = 0.0  # the daemon's CPU when it began to watch (imports, set-up)
+        self.cpu = stagecpu.StageCpu()
+        """the daemon's CPU per stage: the shared stream, scans, status records, and the
+        pipelines of processes let go (those managed now keep theirs until then)"""
+        self.collapse_cpu_s = 0.0
 
     # -- signals -------------------------------------------------------------------------
 
@@ -205,7 +220,7 @@ class Service:
     def start(self) -> None:
         status_records.remove_stale_statuses()
         self.source = open_source(self.config.source)
-        info = self.source.info()
+        info = self.source_info = self.source.info()
         # No DAMOS marks in the daemon (promotion by MADV_COLLAPSE alone): nothing can demote.
         self.params = params_for_source(policy.PolicyParams(), physical=self.source.physical,
                                         can_demote=False)
@@ -214,6 +229,7 @@ class Service:
             f"{len(self.config.exclude)} exclude rules, budget "
             f"{report.fmt_bytes(self.budget_bytes) if self.budget_bytes is not None else 'none'}")
         self.rescan()
+        self.start_cpu_s = _own_cpu_s()
 
     def close(self) -> None:
         """Let go of every process, close the stream (tracefs instance, our kdamond), remove
@@ -246,14 +262,16 @@ class Service:
                 self.reload()
             now = time.monotonic()
             if now >= next_scan:
-                self.rescan()
+                with self.cpu.stage(SCAN):
+                    self.rescan()
                 next_scan = now + self.config.scan_every_s
             try:
-                if isinstance(self.source, MultiTargetSource):
-                    virt = self.source.snapshots(READ_TIMEOUT_S)
-                    phys = None
-                else:
-                    virt, phys = None, self._newest_snapshot()
+                with self.cpu.stage(stagecpu.EVENTS):
+                    if isinstance(self.source, MultiTargetSource):
+                        virt = self.source.snapshots(READ_TIMEOUT_S)
+                        phys = None
+                    else:
+                        virt, phys = None, self._newest_snapshot()
             except EventStreamLost as e:
                 log(str(e).removeprefix("damon-hp: "))
                 return "event stream lost"
@@ -265,11 +283,13 @@ class Service:
                 log(f"{self.source.kdamond_label} stopped: nothing left to read")
                 return "kdamond stopped"
             if now >= next_status:
-                self.write_statuses()
+                with self.cpu.stage(STATUS):
+                    self.write_statuses()
                 next_status = now + STATUS_EVERY_S
             if now >= next_summary:
-                log(self.summary())
-                self.write_json()
+                with self.cpu.stage(STATUS):
+                    log(self.summary())
+                    self.write_json()
                 next_summary = now + self.config.summary_every_s
         return signal.Signals(self.stop_signal).name
 
@@ -362,6 +382,7 @@ class Service:
 
     def _release(self, pid: int, why: str, quiet: bool = False) -> None:
         m = self.managed.pop(pid)
+        self.cpu.merge(m.pipeline.cpu.seconds)
         m.close()
         try:
             status_records.status_path(os.getpid(), pid).unlink()
@@ -426,7 +447,8 @@ class Service:
                 held_by_budget=decision.held_by_budget + by_budget + by_rule)
             try:
                 applied = m.pipeline.act(decision, snap.taken_at_s)
-                m.huge_bytes = _huge_bytes(m)
+                with m.pipeline.cpu.stage(stagecpu.MEASURE):
+                    m.huge_bytes = _huge_bytes(m)
             except procfs.ProcessGone:
                 self._release(pid, "exited")
                 continue
@@ -438,6 +460,7 @@ class Service:
                     m.errors[r.error] = m.errors.get(r.error, 0) + 1
             m.collapses += len(applied.adopted)
             self.totals["collapses"] += sum(r.error is None for r in applied.collapses)
+            self.collapse_cpu_s += sum(r.cpu_seconds for r in applied.collapses)
             self.totals["collapsed_bytes"] += sum(r.bytes_done for r in applied.collapses)
             self.totals["errors"] += sum(r.error is not None for r in applied.collapses)
             self.totals["held_by_budget"] += by_budget
@@ -514,9 +537,15 @@ class Service:
         }
 
     def _write_status(self, m: Managed) -> None:
+        # Only when something in it changed ("updated" is when it last did): rewriting every
+        # record every 2 s is 25 JSON files written and renamed a second at 50 processes.
+        rec = self._status_record(m)
+        same = {k: v for k, v in rec.items() if k != "updated"}
+        if same == m.status_written:
+            return
         try:
-            status_records.write_status(self._status_record(m),
-                                        path=status_records.status_path(os.getpid(), m.pid))
+            status_records.write_status(rec, path=status_records.status_path(os.getpid(), m.pid))
+            m.status_written = same
         except OSError:
             pass  # status is a convenience; never let it stop the daemon
 
@@ -546,7 +575,7 @@ class Service:
     def to_json(self) -> dict[str, Any]:
         return {
             "config": self.config.path,
-            "source": self.source.info() if self.source is not None else None,
+            "source": self.source.info() if self.source is not None else self.source_info,
             "budget_bytes": self.budget_bytes,
             "rule_budgets": self.rule_budgets(),
             "held_bytes": sum(m.held_bytes for m in self.managed.values()),
@@ -554,7 +583,18 @@ class Service:
             "totals": dict(self.totals),
             "rounds": self.rounds,
             "wall_s": round(time.monotonic() - self.started, 3),
+            "cpu_s": round(_own_cpu_s(), 3),
+            "start_cpu_s": round(self.start_cpu_s, 3),
+            "collapse_cpu_s": round(self.collapse_cpu_s, 3),
+            "monitoring_cpu_by_stage": self.cpu_by_stage(),
         }
+
+    def cpu_by_stage(self) -> dict[str, float]:
+        """The daemon's CPU per stage so far, every process's pipeline included."""
+        total = stagecpu.StageCpu(dict(self.cpu.seconds))
+        for m in self.managed.values():
+            total.merge(m.pipeline.cpu.seconds)
+        return total.to_dict()
 
     def write_json(self) -> None:
         if not self.json_path:

@@ -172,7 +172,7 @@ class ReverseMappedSource(_Base):
 
     def snapshot(self) -> Snapshot | None:
         # The newest aggregation only: a reverse map of a 4 GiB target cost 0.1-0.5 s of CPU
-        # on the host before frames.FrameReader, and one per queued stale snapshot left the
+        # on the host before frame_reader.FrameReader, and one per queued stale snapshot left the
         # agent ever further behind (VM, paddr, 400 ms aggregations: after a 20 s collapse
         # step, 30 queued snapshots took the next 29 s).
         # A DAMON module's kdamond may retune its intervals while we read (events.py follows).

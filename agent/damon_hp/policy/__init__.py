@@ -56,7 +56,6 @@ from .hotset import (
 from .params import MIB, PolicyParams
 from .rule import (
     budget_bytes,
-    collapse_candidates,
     decide,
     evidence_suffices,
     ranking_score,
@@ -70,7 +69,7 @@ PAGES_PER_HUGE_PAGE = PAGES_PER_HUGE
 __all__ = [
     "BASE_PAGE_BYTES", "HUGE_PAGE_BYTES", "MIB", "PAGES_PER_HUGE_PAGE", "Decision", "HotSet",
     "Huge", "PolicyParams", "PolicyState", "RangeHeat", "RangeState", "RegionLike",
-    "SnapshotLike", "Streak", "access_pct", "budget_bytes", "collapse_candidates", "decide",
+    "SnapshotLike", "Streak", "access_pct", "budget_bytes", "decide",
     "evidence_suffices", "hot_regions", "hot_set", "range_heat", "ranking_score",
     "record_outcomes",
 ]

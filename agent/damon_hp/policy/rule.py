@@ -248,26 +248,6 @@ def _compact(ranges: dict[int, RangeState]) -> dict[int, RangeState]:
     return {s: r for s, r in ranges.items() if not r.empty}
 
 
-def collapse_candidates(snapshot: SnapshotLike, state: PolicyState, params: PolicyParams, *,
-                        mappings: Sequence[AddrRange] | None = None,
-                        thp_disabled: bool = False) -> tuple[int, ...]:
-    """The ranges `decide` may collapse or re-mark after `snapshot`, in address order. Same
-    arguments as `decide`; the caller counts their resident pages for
-    `decide(resident_pages=...)` (rule 4); every other range needs no page-table read."""
-    if not snapshot.regions or thp_disabled:
-        return ()
-    hot = hot_set(snapshot, params, mappings)
-    ranges = dict(state.ranges)
-    forget_unmapped(ranges, mappings)
-    withheld = withheld_ranges(snapshot)
-    advance_streaks(ranges, hot, range_heat(snapshot, hot.ranges), snapshot, params, withheld)
-    ready, _ = ready_ranges(dict(ranges), hot, snapshot, params, None, thp_disabled, withheld)
-    demoted_ready = [s for s in hot.ranges if ranges.get(s, RangeState()).demoted
-                     and s not in withheld
-                     and evidence_suffices(ranges[s].streak, snapshot.taken_at_s, params)]
-    return tuple(sorted(set(ready) | set(demoted_ready)))
-
-
 def decide(snapshot: SnapshotLike, state: PolicyState, params: PolicyParams, *,
            rss_bytes: int | None = None, mappings: Sequence[AddrRange] | None = None,
            thp_mode: str = "never", resident_pages: Mapping[int, int] | None = None,
@@ -278,10 +258,11 @@ def decide(snapshot: SnapshotLike, state: PolicyState, params: PolicyParams, *,
     mappings: the target's mappings where a huge page is possible (private anonymous memory);
         None = unknown, every aligned range of a hot span is a candidate.
     thp_mode: the system's THP `enabled` mode (`always`, `madvise`, `never`).
-    resident_pages: range start -> base pages of it resident now (0..512), for the ranges
-        `collapse_candidates` names (rules 4 and 5); a candidate missing from it counts as
-        having none. None = unknown: the residency guard off, every range counted resident
-        (replays of recordings that hold no page table).
+    resident_pages: range start -> base pages of it resident now (0..512), for every range
+        it may collapse or re-mark (rules 4 and 5; the pipeline's observation counts all of
+        them); a range missing from it counts as having none. None = unknown: the residency
+        guard off, every range counted resident (replays of recordings that hold no page
+        table).
     thp_disabled: the process turned THP off for itself (rule 8): nothing is collapsed.
     The promotions in the decision are plans: report their outcome with `record_outcomes`.
     """

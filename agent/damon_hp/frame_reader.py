@@ -1,0 +1,289 @@
+"""FrameReader: a process's page frames snapshot after snapshot, re-reading from pagemap only
+what may have moved (frames.py reads them; this module decides what to read again).
+
+    FrameReader(pid).read(ranges) -> PageFrames      what moved since the last read, read anew
+    FrameReader.verify(windows) -> PageFrames | None windows whose frames may have moved, read
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from array import array
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from damon_hp.frames import (
+    ENTRY_BYTES,
+    WINDOW_PAGES,
+    Extents,
+    FrameRun,
+    PageFrames,
+    check_privileged,
+    extents_of,
+    process_gone,
+    read_entries,
+    read_range,
+    scan_present,
+)
+from damon_hp.procfs import open_pagemap, read_stat
+from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES
+
+# Re-read every frame at least this often even when nothing says one moved: a bound on how long
+# a move no signal below covers (another process writing into the target's copy-on-write
+# pages, userfaultfd moves) can mislead the reverse map.
+FULL_READ_EVERY_S = 30.0
+
+
+class FrameReader:
+    """`read_page_frames` for one process, snapshot after snapshot, reading pagemap entries
+    again only for ranges whose frames may have moved since the last read.
+
+    Reading a 4 GiB target's entries and finding its runs of consecutive frames cost ~40 + 40
+    ms of CPU per snapshot on the CI host, while an anonymous page keeps its frame until it is
+    unmapped, faulted anew, migrated or collapsed. So each read first takes, in this order:
+      - the kernel's frame-moving counters (/proc/vmstat: page migrations, which include
+        compaction, NUMA balancing and demotion; THP splits, which may remap zero-filled pages
+        to the zero page or follow a collapse within one interval), and whether KSM runs (it
+        merges pages without any of these: while it runs, every read is full);
+      - the target's page faults (/proc/PID/stat minflt + majflt: every new frame it maps
+        through a fault of its own, copy-on-write included);
+      - per range, its present stretches and which of them are PMD-mapped (PAGEMAP_SCAN:
+        pages unmapped or reclaimed without a fault, such as MADV_DONTNEED, MADV_FREE,
+        swap-out; collapses, ours or khugepaged's).
+    A range whose stretches are unchanged keeps its entries and extents, and in a range whose
+    stretches changed only the 2 MiB windows where they differ are read again (extents never
+    cross a window, so the others' stay exact).
+
+    When the counters moved since the last read, any kept window may be stale. `eager` (a
+    source that can demote: an idle reading of a stale window could split a hot huge page)
+    then reads everything again. Otherwise the kept windows are only noted as unverified, and
+    the caller re-reads those whose reading can lead to an action with `verify` before it
+    acts (pipeline.Observer: the windows that read hot). The machine-wide
+    counters move whenever any process compacts or migrates, and our own collapses compact:
+    reading a 4 GiB target whole at every such aggregation was the agent's largest cost. A
+    window whose frames moved and that reads idle through its old frames is only late: it is
+    read again at the next full read.
+    The counters are read before the page tables, so a move during a read shows as a change at
+    the next one. Every FULL_READ_EVERY_S, and without PAGEMAP_SCAN always, all is read.
+    """
+
+    def __init__(self, pid: int, *, eager: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.pid = pid
+        self.eager = eager
+        self._clock = clock
+        self._moves: tuple[int, ...] | None = None
+        self._ranges: dict[tuple[int, int], tuple[tuple, list[FrameRun], Extents | None]] = {}
+        self._wanted: tuple[tuple[int, int], ...] = ()
+        self._full_at = 0.0
+        self.unverified: set[int] = set()
+        """2 MiB window starts whose entries were kept although frames may have moved since"""
+        self.ranges_read = 0
+        self.ranges_reused = 0
+        self.windows_read = 0  # 2 MiB windows re-read within otherwise unchanged ranges
+        self.windows_verified = 0  # 2 MiB windows re-read by `verify`
+
+    def read(self, ranges: Iterable[tuple[int, int]]) -> PageFrames:
+        wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
+        moves = _frame_moves(self.pid)
+        now = self._clock()
+        fd, path = open_pagemap(self.pid)
+        try:
+            present = scan_present(fd, path, wanted)
+            full = (present is None or moves is None or self._moves is None
+                    or now - self._full_at >= FULL_READ_EVERY_S
+                    or (self.eager and moves != self._moves))
+            known = {} if full else self._ranges
+            if full:
+                self.unverified.clear()
+            elif moves != self._moves:
+                self.unverified.update(_windows_of(known.values()))
+            fresh: dict[tuple[int, int], tuple[tuple, list[FrameRun], Extents | None]] = {}
+            for i, rng in enumerate(wanted):
+                stretches = present[i] if present is not None else None
+                old = known.get(rng)
+                if old is not None and old[0] == stretches:
+                    fresh[rng] = old
+                    self.ranges_reused += 1
+                elif old is not None and old[2] is not None and stretches is not None:
+                    windows = _changed_windows(old[0], stretches)
+                    fresh[rng] = (stretches, *_patch(fd, path, rng, old[1], old[2], windows))
+                    self.unverified.difference_update(windows)
+                    self.windows_read += len(windows)
+                else:
+                    fresh[rng] = (stretches, read_range(fd, path, *rng, stretches), None)
+                    self.unverified.difference_update(range(
+                        rng[0] - rng[0] % HUGE_PAGE_BYTES, rng[1], HUGE_PAGE_BYTES))
+                    self.ranges_read += 1
+        finally:
+            os.close(fd)
+        if full:
+            self._full_at = now
+        self._moves, self._ranges, self._wanted = moves, fresh, wanted
+        return self._frames()
+
+    def verify(self, windows: Iterable[int]) -> PageFrames | None:
+        """Re-read the entries of those `windows` (2 MiB starts) that are unverified; the
+        frames as of now if any of them had moved, else None (the caller's map stands).
+
+        Usually none has: the counters move for any process's migration. A range whose
+        entries read the same keeps its extents (and their frame order, Extents.by_frame)."""
+        todo = sorted(set(windows) & self.unverified)
+        if not todo:
+            return None
+        changed = False
+        fd, path = open_pagemap(self.pid)
+        try:
+            for rng in self._wanted:
+                lo, hi = rng
+                mine = [w for w in todo if w + HUGE_PAGE_BYTES > lo and w < hi]
+                stretches, runs, ext = self._ranges[rng]
+                if not mine or ext is None:
+                    continue
+                moved = _moved_windows(fd, path, rng, runs, mine)
+                if moved:
+                    self._ranges[rng] = (stretches, *_patch(fd, path, rng, runs, ext, moved))
+                    changed = True
+        finally:
+            os.close(fd)
+        self.unverified.difference_update(todo)
+        self.windows_verified += len(todo)
+        return self._frames() if changed else None
+
+    def _frames(self) -> PageFrames:
+        wanted, fresh = self._wanted, self._ranges
+        runs = [run for rng in wanted for run in fresh[rng][1]]
+        check_privileged(f"/proc/{self.pid}/pagemap", runs)
+        frames = PageFrames(self.pid, wanted, tuple(runs))
+        for rng, (stretches, rng_runs, ext) in fresh.items():
+            if ext is None:
+                ext = extents_of(rng_runs)
+                fresh[rng] = (stretches, rng_runs, ext)
+            if rng_runs:
+                frames.extents_known[rng] = ext
+        return frames
+
+
+def _moved_windows(fd: int, path: str, rng: tuple[int, int], runs: Sequence[FrameRun],
+                   windows: Sequence[int]) -> list[int]:
+    """Those of `windows` (sorted 2 MiB starts) where pagemap now says anything else than
+    `runs` (pages outside every run: not present); neighbours are read in one pread."""
+    spans: list[list[int]] = []
+    for w in windows:
+        a, b = max(w, rng[0]), min(w + HUGE_PAGE_BYTES, rng[1])
+        if spans and spans[-1][1] == a:
+            spans[-1][1] = b
+        elif a < b:
+            spans.append([a, b])
+    moved = []
+    for a, b in spans:
+        try:
+            now = read_entries(fd, a, b)
+        except OSError as e:
+            if e.errno in (errno.ESRCH, errno.ENOENT):
+                raise process_gone(path, e) from e
+            raise
+        kept = array("Q", bytes(len(now) * ENTRY_BYTES))
+        for run in runs:
+            lo, hi = max(run.start, a), min(run.end, b)
+            if lo < hi:
+                i, j = (lo - run.start) // PAGE_BYTES, (hi - run.start) // PAGE_BYTES
+                kept[(lo - a) // PAGE_BYTES:(hi - a) // PAGE_BYTES] = run.entries[i:j]
+        if kept == now:
+            continue
+        for w in range(a - a % HUGE_PAGE_BYTES, b, HUGE_PAGE_BYTES):
+            x, y = (max(w, a) - a) // PAGE_BYTES, (min(w + HUGE_PAGE_BYTES, b) - a) // PAGE_BYTES
+            if kept[x:y] != now[x:y]:
+                moved.append(w)
+    return moved
+
+
+def _windows_of(kept: Iterable[tuple[tuple, list[FrameRun], Extents | None]]) -> set[int]:
+    """The 2 MiB windows holding a present page, from kept ranges' present stretches."""
+    out: set[int] = set()
+    for stretches, _, _ in kept:
+        for lo, hi, _ in stretches or ():
+            out.update(range(lo - lo % HUGE_PAGE_BYTES, hi, HUGE_PAGE_BYTES))
+    return out
+
+
+def _changed_windows(old: Sequence[tuple[int, int, int]], new: Sequence[tuple[int, int, int]]
+                     ) -> list[int]:
+    """Starts of the 2 MiB windows where two stretch lists (start, end, categories; sorted,
+    disjoint) say different things about a page."""
+    def at(stretches: Sequence[tuple[int, int, int]], starts: list[int], addr: int) -> int:
+        k = bisect_right(starts, addr) - 1
+        return stretches[k][2] if k >= 0 and addr < stretches[k][1] else -1
+
+    old_starts, new_starts = [x[0] for x in old], [x[0] for x in new]
+    points = sorted({p for lo, hi, _ in (*old, *new) for p in (lo, hi)})
+    windows: set[int] = set()
+    for lo, hi in zip(points, points[1:], strict=False):
+        if at(old, old_starts, lo) != at(new, new_starts, lo):
+            first = lo - lo % HUGE_PAGE_BYTES
+            windows.update(range(first, hi, HUGE_PAGE_BYTES))
+    return sorted(windows)
+
+
+def _slice(run: FrameRun, lo: int, hi: int) -> FrameRun:
+    return FrameRun(lo, run.entries[(lo - run.start) // PAGE_BYTES:(hi - run.start) // PAGE_BYTES])
+
+
+def _patch(fd: int, path: str, rng: tuple[int, int], runs: Sequence[FrameRun], ext: Extents,
+           windows: Sequence[int]) -> tuple[list[FrameRun], Extents]:
+    """`runs` and `ext` of range `rng` with the `windows` (2 MiB starts) read anew."""
+    lo, hi = rng
+    spans: list[tuple[int, int]] = []
+    for w in windows:
+        a, b = max(w, lo), min(w + HUGE_PAGE_BYTES, hi)
+        if spans and spans[-1][1] == a:
+            spans[-1] = (spans[-1][0], b)
+        elif a < b:
+            spans.append((a, b))
+    try:
+        read = [FrameRun(a, read_entries(fd, a, b)) for a, b in spans]
+    except OSError as e:
+        if e.errno in (errno.ESRCH, errno.ENOENT):
+            raise process_gone(path, e) from e
+        raise
+    span_ends = [b for _, b in spans]
+    kept: list[FrameRun] = []
+    for run in runs:  # the old runs less the spans read anew
+        at = run.start
+        for a, b in spans[bisect_right(span_ends, at):]:
+            if a >= run.end:
+                break
+            if a > at:
+                kept.append(_slice(run, at, a))
+            at = max(at, b)
+        if at < run.end:
+            kept.append(_slice(run, at, run.end))
+    new_ext = extents_of(read)
+    window_ids = np.array([w // HUGE_PAGE_BYTES for w in windows], dtype=np.int64)
+    keep = ~np.isin(ext.vpage // WINDOW_PAGES, window_ids)
+    vpage = np.concatenate((ext.vpage[keep], new_ext.vpage))
+    order = np.argsort(vpage, kind="stable")
+    merged = Extents(vpage[order], np.concatenate((ext.pfn[keep], new_ext.pfn))[order],
+                      np.concatenate((ext.n[keep], new_ext.n))[order])
+    return sorted(kept + read, key=lambda r: r.start), merged
+
+
+_VMSTAT_MOVES = (b"pgmigrate_success", b"thp_split_page", b"thp_split_pmd")
+
+
+def _frame_moves(pid: int) -> tuple[int, ...] | None:
+    """The counters FrameReader compares; None when frames may move untracked (KSM runs)."""
+    try:
+        with open("/sys/kernel/mm/ksm/run", "rb") as f:
+            if f.read().strip() != b"0":
+                return None
+    except FileNotFoundError:
+        pass  # no KSM in this kernel
+    with open("/proc/vmstat", "rb") as f:
+        counters = dict(line.split() for line in f.read().splitlines())
+    stat = read_stat(pid)
+    return (*(int(counters.get(name, -1)) for name in _VMSTAT_MOVES), stat.minflt + stat.majflt)
