@@ -48,10 +48,14 @@ from leftovers import instances_of, wait_for
 LOOK_S = 0.1  # the churn thread's period: the resolution of the record lag
 LINGER_S = 30.0  # how long an exited process's record path is still watched
 RSS_GROWTH_MAX = 5 * MIB  # issue 26: the daemon's RSS stays flat, growth <= 5 MiB
-# The record lag bound beyond one aggregation: the daemon's loop looks at its pidfds at least
-# every READ_TIMEOUT_S (0.5 s, service.py) plus one round's work; the harness sees each end to
-# one look (0.1 s); the rest is room for a loaded 2-core host.
-LAG_SLACK_S = 2.0
+# How long a status record may outlive its process. The issue asks for one aggregation (5 s
+# here). The daemon looks at its pidfds every loop iteration: at least every READ_TIMEOUT_S
+# (0.5 s, service.py), or after a round or a rescan; the harness sees each end to one look
+# (0.1 s); the rest is room for a loaded 2-core host. Measured 2026-11-25 (commit 49cd57e, load
+# average 13): max 0.42 s over 54 exits. A daemon that let go only when a round found the
+# process gone (before that commit): median 2.3 s, max 4.96 s over 48 exits, within one
+# aggregation but past this bound, so the test catches the exit check gone.
+RECORD_LAG_MAX_S = 3.0
 QUIET_S = 60.0  # for the last short-lived ones to end and be let go (they live <= 9 s)
 
 
@@ -156,12 +160,11 @@ class Result:
                            f"{getattr(e, what)} at the end")
         if e.records != len(self.long_pids):
             out.append(f"{e.records} records at the end for {len(self.long_pids)} processes")
-        bound = self.aggr_s + LAG_SLACK_S
+        bound = min(self.aggr_s, RECORD_LAG_MAX_S)
         late = [x for x in self.lags if x > bound]
         if late:
-            out.append(f"{len(late)} records outlived their process by more than "
-                       f"{bound:.1f} s (one aggregation + {LAG_SLACK_S} s), "
-                       f"up to {max(late):.1f} s")
+            out.append(f"{len(late)} records outlived their process by more than {bound:g} s "
+                       f"(aggregation {self.aggr_s:g} s), up to {max(late):.1f} s")
         if not self.short_managed:
             out.append("no short-lived process was ever managed: nothing was soaked")
         if self.budget_broken:

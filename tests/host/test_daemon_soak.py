@@ -7,8 +7,9 @@ Asserted (thresholds beside each):
 - between the quiet point after a 40 s warm-up and the last quiet point (only the long-lived
   processes managed at both): open fds, tracefs instances and status records unchanged, VmRSS
   grown <= 5 MiB;
-- every exited process's status record was gone within one aggregation (5 s here) + 2 s of the
-  process's exit, and some short-lived processes were managed at all;
+- every exited process's status record was gone within 3 s of the process's exit (one
+  aggregation is 5 s here; daemon_soak.RECORD_LAG_MAX_S says why 3), and some short-lived
+  processes were managed at all;
 - the managed processes' huge pages together never exceeded the budget (smaps, twice a second).
   Whether the foreign kdamond reads any hot set is its own view (on a fragmented machine it
   reads everything idle): the check holds either way, and the test prints which it was;
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 from daemon_host import MIB
-from daemon_soak import LAG_SLACK_S, RSS_GROWTH_MAX, Plan, Soak
+from daemon_soak import RECORD_LAG_MAX_S, RSS_GROWTH_MAX, Plan, Soak
 from thp_settings import thp_settings
 
 pytestmark = pytest.mark.usefixtures("foreign_kdamond")  # never a skip: conftest.py
@@ -52,8 +53,10 @@ def test_daemon_soak_leaks_nothing_and_lets_go_of_exited_processes_at_once(tmp_p
     # The issue's bound. Measured 2026-11-25: see the commit that added this test.
     assert res.end.rss - res.warm.rss <= RSS_GROWTH_MAX, (res.warm, res.end)
     assert res.short_managed >= 10, f"only {res.short_managed} short-lived processes managed"
-    assert res.aggr_s == 5.0  # the host's foreign kdamond (damon-facts.md); bound below
-    late = [x for x in res.lags if x > res.aggr_s + LAG_SLACK_S]
+    # Within one aggregation (the issue), and within RECORD_LAG_MAX_S (3 s; why: daemon_soak),
+    # which a daemon that noticed exits only at its rounds or rescans would exceed.
+    assert RECORD_LAG_MAX_S <= res.aggr_s
+    late = [x for x in res.lags if x > RECORD_LAG_MAX_S]
     assert not late, f"records outlived their process by {sorted(late)[-5:]} s"
     assert res.budget_looks >= (WARMUP_S + SOAK_S) // 4
     assert not res.budget_broken, res.budget_broken[:5]
