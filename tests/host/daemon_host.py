@@ -55,9 +55,11 @@ def anon_huge(pid: int) -> int:
 
 class BudgetWatcher(threading.Thread):
     """Looks at the processes' huge pages twice a second until halted; keeps what broke: the
-    managed ones together over `budget`, or any huge page in the excluded one."""
+    managed ones together over `budget`, or any huge page in the excluded one (if any).
+    `managed` may be changed while it runs (list append/remove are atomic in CPython): drop a
+    pid before reaping its process, so that a reused pid is never counted."""
 
-    def __init__(self, managed: list[int], excluded: int, budget: int) -> None:
+    def __init__(self, managed: list[int], excluded: int | None, budget: int) -> None:
         super().__init__(daemon=True)
         self.managed, self.excluded, self.budget = managed, excluded, budget
         self.looks = 0
@@ -72,7 +74,7 @@ class BudgetWatcher(threading.Thread):
             if total > self.budget:
                 self.broken.append(f"{total / MIB:.0f} MiB huge over the "
                                    f"{self.budget / MIB:.0f} MiB budget")
-            if anon_huge(self.excluded):
+            if self.excluded is not None and anon_huge(self.excluded):
                 self.broken.append("the excluded process has huge pages")
             self.looks += 1
 
@@ -153,6 +155,27 @@ class Daemon:
 
     def records(self) -> list[Path]:
         return sorted(self.run_dir.glob(f"agent-{self.pid}-*.json"))
+
+    def record_path(self, target_pid: int) -> Path:
+        """Where this daemon keeps its status record of `target_pid` (status_records.py)."""
+        return self.run_dir / f"agent-{self.pid}-{target_pid}.json"
+
+    def fds(self) -> int:
+        """Open file descriptors, from the kernel (/proc/PID/fd)."""
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def rss(self) -> int:
+        """Resident bytes (VmRSS)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"/proc/{self.pid}/status has no VmRSS")
+
+    def cpu_s(self) -> float:
+        """CPU seconds used so far (utime + stime of /proc/PID/stat)."""
+        text = Path(f"/proc/{self.pid}/stat").read_text()
+        fields = text[text.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def terminate(self, timeout_s: float = 30) -> int:
         self.proc.send_signal(signal.SIGTERM)

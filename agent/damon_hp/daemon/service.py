@@ -16,8 +16,9 @@ Each round:
 The per-process pipeline (pipeline.py) is the one `run` and `attach` use: the reverse map with
 its frame cache, first-touch withholding, the policy, the actuator.
 
-Between rounds: /proc is rescanned every `scan_every_s` (new matches are managed, exited
-processes let go, and the vaddr kdamond's targets follow), SIGHUP reloads the config (a bad
+Between rounds: a managed process that exited is let go at once (its pidfd is polled every loop
+iteration), /proc is rescanned every `scan_every_s` (new matches are managed, processes no
+longer selected let go, and the vaddr kdamond's targets follow), SIGHUP reloads the config (a bad
 one is refused with its line, the old one keeps running), SIGTERM/SIGINT stop. Whatever ends
 the loop, `close()` removes our tracefs instance, stops our kdamond (vaddr, paddr) and
 removes every status record of ours.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -260,6 +262,7 @@ class Service:
             if self.reload_wanted:
                 self.reload_wanted = False
                 self.reload()
+            self.release_exited()
             now = time.monotonic()
             if now >= next_scan:
                 with self.cpu.stage(SCAN):
@@ -337,6 +340,23 @@ class Service:
                 # e.g. a process exited between the scan and the kdamond's start: next scan
                 log(f"cannot give the kdamond its targets, trying again at the next scan: "
                     f"{str(e).removeprefix('damon-hp: ')}")
+
+    def release_exited(self) -> None:
+        """Let go of every managed process that has exited, at once rather than at the next
+        rescan: its status record keeps other agents off its pid and `damon-hp status` lists
+        it, so it must not outlive the process by more than about one aggregation, whatever
+        `scan_every_s` is. One poll(2) over the pidfds (a pidfd turns readable when its process
+        exits, zombie or reaped), each loop iteration, so at least every READ_TIMEOUT_S plus
+        a round; poll, not select, for fds past FD_SETSIZE. The vaddr kdamond's targets follow
+        at the rescan, as before: one commit per scan rather than one per exit."""
+        if not self.managed:
+            return
+        fds = {m.target.pidfd: pid for pid, m in self.managed.items()}
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(0):
+            self._release(fds[fd], "exited")
 
     def _manage(self, info: selection.ProcessInfo, rule: str) -> None:
         key = (info.pid, info.start_ticks)
