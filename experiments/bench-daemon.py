@@ -21,6 +21,11 @@ exactly those copies (no budget), let it run --seconds, stop it with SIGTERM and
                    start until 90 % of the hot buffer is huge (median, max; "never" counted
                    apart) and the share at the end; cold huge: the same of the cold buffers.
 
+--daemon PATH runs another build's damon-hpd (an older commit's worktree, say) for a before/
+after comparison; where its --json lacks the CPU fields, the monitoring CPU is read from
+/proc/PID/stat just before SIGTERM, start-up and collapse copies included (said in the
+output), and no stages are shown.
+
 The access source is whatever damon-hpd picks here (on the CI host: passive, a foreign paddr
 kdamond's events, aggregation 5 s). How much of a hot set a physical source sees depends on
 how scattered the processes' frames are: on a machine whose free memory is fragmented, few hot
@@ -121,7 +126,7 @@ def one_count(n: int, args: argparse.Namespace, tmp: Path) -> dict:
         out = folder / "daemon.json"
         env = {**os.environ, "DAMON_HP_RUN_DIR": str(folder / "run")}
         with open(folder / "daemon.err", "w") as err:
-            daemon = subprocess.Popen([DAEMON, "--config", str(cfg), "--json", str(out)],
+            daemon = subprocess.Popen([args.daemon, "--config", str(cfg), "--json", str(out)],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=err, env=env, start_new_session=True)
         started = time.monotonic()
@@ -140,6 +145,8 @@ def one_count(n: int, args: argparse.Namespace, tmp: Path) -> dict:
             if args.progress:
                 print(f"#   n={n} {t:5.0f} s: {sum(r is not None for r in reached)} of {n} hot "
                       f"sets 90 % huge", flush=True)
+        stat = Path(f"/proc/{daemon.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        proc_cpu_s = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
         daemon.send_signal(signal.SIGTERM)
         rc = daemon.wait(timeout=120)
         if rc != 0:
@@ -152,17 +159,19 @@ def one_count(n: int, args: argparse.Namespace, tmp: Path) -> dict:
             daemon.wait()
         copies.stop()
     wall = d["wall_s"]
-    mon = d["cpu_s"] - d["start_cpu_s"] - d["collapse_cpu_s"]
+    whole = "cpu_s" not in d  # an older damon-hpd: its whole CPU from /proc
+    mon = proc_cpu_s if whole else d["cpu_s"] - d["start_cpu_s"] - d["collapse_cpu_s"]
     rounds = max(1, d["totals"]["rounds"])
     return {
         "processes": n, "hot_bytes_each": hot, "cold_bytes_each": cold, "wall_s": wall,
         "source": d["source"]["name"] if d.get("source") else None,
-        "cpu_s": d["cpu_s"], "start_cpu_s": d["start_cpu_s"],
-        "collapse_cpu_s": d["collapse_cpu_s"],
+        "cpu_s": d.get("cpu_s", proc_cpu_s), "start_cpu_s": d.get("start_cpu_s"),
+        "collapse_cpu_s": d.get("collapse_cpu_s"),
+        "cpu_includes_start_and_copies": whole,
         "monitoring_pct": 100 * mon / wall,
         "per_process_round_ms": 1000 * mon / n / rounds, "rounds": rounds,
         "by_stage_pct": {k: round(100 * v / wall, 3)
-                         for k, v in d["monitoring_cpu_by_stage"].items()},
+                         for k, v in d.get("monitoring_cpu_by_stage", {}).items()},
         "t90_s": reached,
         "hot_huge_end": [round(h, 3) for h, _ in shares],
         "cold_huge_end": [round(c, 3) for _, c in shares],
@@ -187,6 +196,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=150, help="daemon run per count")
     p.add_argument("--progress", action="store_true", help="a line every 5 s")
     p.add_argument("--json", help="write every count's figures to this file")
+    p.add_argument("--daemon", default=DAEMON, help="the damon-hpd to run (default: this tree's)")
     args = p.parse_args()
     try:
         counts = [int(x) for x in args.counts.split(",")]
@@ -211,7 +221,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         top = sorted(r["by_stage_pct"].items(), key=lambda kv: -kv[1])[:3]
-        print(f"| {r['processes']} | {r['source']} | {r['monitoring_pct']:.2f} | "
+        whole = " (whole CPU)" if r["cpu_includes_start_and_copies"] else ""
+        print(f"| {r['processes']} | {r['source']} | {r['monitoring_pct']:.2f}{whole} | "
               f"{r['per_process_round_ms']:.1f} | "
               f"{', '.join(f'{k} {v:.2f}' for k, v in top)} | {fmt_t90(r['t90_s'])} | "
               f"{100 * statistics.median(r['hot_huge_end']):.0f} % | "

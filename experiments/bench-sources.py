@@ -141,7 +141,7 @@ def one_run(source: str, args: argparse.Namespace, workdir: Path, rep: int) -> d
         Path("/proc/sys/vm/drop_caches").write_text("3")
         Path("/proc/sys/vm/compact_memory").write_text("1")
     out = workdir / f"{source}-{rep}.json"
-    cmd = [DAMON_HP, "run", "-q", "--source", source, "--json", str(out), "--", HOTCOLD,
+    cmd = [args.damon_hp, "run", "-q", "--source", source, "--json", str(out), "--", HOTCOLD,
            "--hot", args.hot, "--cold", args.cold, "--seconds", str(args.seconds)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = proc.stdout.readline()
@@ -208,6 +208,9 @@ def main() -> int:
     p.add_argument("--compact", action="store_true",
                    help="test VM only: drop caches and compact memory before every run")
     p.add_argument("--json", help="write every run's figures to this file")
+    p.add_argument("--damon-hp", default=DAMON_HP,
+                   help="the damon-hp to run (default: this tree's; another build's for a "
+                        "before/after comparison)")
     args = p.parse_args()
     if args.compact and not in_test_vm():
         p.error("--compact is for the test VM only: memory of a real machine is its "
