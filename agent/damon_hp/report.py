@@ -122,7 +122,7 @@ class RunReport:
     pagemap_reads: dict[str, int] | None = None
     """physical sources: ranges whose pagemap entries were read, reused (no frame moved), and
     2 MiB windows re-read inside otherwise unchanged ranges, and windows re-read because they
-    read accessed after frames moved (frame_reader.FrameReader)"""
+    read hot after frames moved (frame_reader.FrameReader)"""
     monitoring_cpu_by_stage: dict[str, float] | None = None
     """the agent thread's CPU per pipeline stage (stagecpu.py), the collapses' copies not
     included: where the monitoring CPU goes"""
