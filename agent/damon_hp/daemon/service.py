@@ -47,14 +47,14 @@ from damon_hp import actuate, policy, procfs, report, stagecpu, status_records
 from damon_hp.daemon import budget as budget_mod
 from damon_hp.daemon import selection
 from damon_hp.daemon.config import DaemonConfig, load_config
+from damon_hp.daemon.managed import Managed
 from damon_hp.daemon.vaddr import MultiTargetSource
 from damon_hp.damon import ownership, placement, revmap, sources
 from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import Snapshot
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.options import MonitorOptions
-from damon_hp.pipeline import ProcessPipeline, params_for_source
-from damon_hp.ranges import AddrRange
+from damon_hp.pipeline import params_for_source
 
 STATUS_EVERY_S = 2.0
 SCAN = "scan"      # the daemon's stages beside the pipeline's (stagecpu.py): /proc rescans,
@@ -63,15 +63,6 @@ READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are see
 MAX_ROUNDS_KEPT = 200
 THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
                        "in /proc/PID/status): the kernel refuses every collapse of its memory")
-
-
-def _huge_bytes(m: Managed) -> int | None:
-    """Bytes of the process's private anonymous memory on PMD huge pages: one PAGEMAP_SCAN
-    (smaps_rollup's AnonHugePages walks every page with its rmap counts, ~30 ms per 4 GiB)."""
-    try:
-        return sum(r.size for r in m.files.huge_regions_in(m.mappings))
-    except procfs.PagemapScanUnsupported:
-        return m.files.rollup().get("AnonHugePages")
 
 
 def _own_cpu_s() -> float:
@@ -108,60 +99,6 @@ def open_source(request: sources.SourceRequest) -> Source:
     if kind == "paddr":
         return sources.open_paddr(mon, why)
     return sources.open_passive(request, found, why)
-
-
-class Managed:
-    """One managed process: pinned by a pidfd, with its own policy state and actuator."""
-
-    def __init__(self, info: selection.ProcessInfo, rule: str, params: policy.PolicyParams,
-                 target: actuate.Target, physical: bool) -> None:
-        self.info = info
-        self.pid = info.pid
-        self.rule = rule
-        self.target = target
-        self.files = procfs.ProcessFiles(info.pid)
-        self.pipeline = ProcessPipeline(target, self.files, params,
-                                        actuate.Actuator(target, self.files, None),
-                                        physical=physical)
-        self.mappings: list[AddrRange] = []
-        self.since = time.time()
-        self.snapshots = 0
-        self.collapses = 0
-        self.collapsed_bytes = 0
-        self.errors: dict[str, int] = {}
-        self.held_by_budget = 0
-        self.held_by_rule = 0
-        self.hot_bytes = 0
-        self.huge_bytes: int | None = None
-        self.pending: tuple[Snapshot, policy.Decision] | None = None
-        self.skipped: str | None = None
-        """why this process gets no collapse (it disabled THP for itself), None while managed"""
-        self.status_written: dict[str, Any] | None = None
-        """its status record as last written, less the time"""
-
-    @property
-    def state(self) -> policy.PolicyState:
-        return self.pipeline.state
-
-    @property
-    def held_bytes(self) -> int:
-        """What counts against the budgets: the ranges promoted, or the huge pages measured
-        if more (a range the policy let go of stays huge: no split without a DAMOS mark)."""
-        return max(self.state.promoted_bytes, self.huge_bytes or 0)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "held_bytes": self.held_bytes, "rule": self.rule,
-                "command": list(self.info.cmdline),
-                "since": self.since, "snapshots": self.snapshots,
-                "promotions": self.collapses, "promoted_bytes": self.state.promoted_bytes,
-                "collapsed_bytes": self.collapsed_bytes, "collapse_errors": dict(self.errors),
-                "held_by_budget": self.held_by_budget, "held_by_rule": self.held_by_rule,
-                "hot_bytes": self.hot_bytes, "anon_huge_bytes": self.huge_bytes,
-                "skipped": self.skipped}
-
-    def close(self) -> None:
-        self.files.close()
-        self.target.close()
 
 
 class Service:
@@ -468,7 +405,7 @@ class Service:
             try:
                 applied = m.pipeline.act(decision, snap.taken_at_s)
                 with m.pipeline.cpu.stage(stagecpu.MEASURE):
-                    m.huge_bytes = _huge_bytes(m)
+                    m.huge_bytes = m.measure_huge()
             except procfs.ProcessGone:
                 self._release(pid, "exited")
                 continue

@@ -1,0 +1,76 @@
+"""One process damon-hpd manages: pinned by a pidfd, with its own pipeline (policy state,
+actuator), what it holds against the budgets and what it did, for status records and --json.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from damon_hp import actuate, policy, procfs
+from damon_hp.daemon import selection
+from damon_hp.damon.model import Snapshot
+from damon_hp.pipeline import ProcessPipeline
+from damon_hp.ranges import AddrRange
+
+
+class Managed:
+    """One managed process: pinned by a pidfd, with its own policy state and actuator."""
+
+    def __init__(self, info: selection.ProcessInfo, rule: str, params: policy.PolicyParams,
+                 target: actuate.Target, physical: bool) -> None:
+        self.info = info
+        self.pid = info.pid
+        self.rule = rule
+        self.target = target
+        self.files = procfs.ProcessFiles(info.pid)
+        self.pipeline = ProcessPipeline(target, self.files, params,
+                                        actuate.Actuator(target, self.files, None),
+                                        physical=physical)
+        self.mappings: list[AddrRange] = []
+        self.since = time.time()
+        self.snapshots = 0
+        self.collapses = 0
+        self.collapsed_bytes = 0
+        self.errors: dict[str, int] = {}
+        self.held_by_budget = 0
+        self.held_by_rule = 0
+        self.hot_bytes = 0
+        self.huge_bytes: int | None = None
+        self.pending: tuple[Snapshot, policy.Decision] | None = None
+        self.skipped: str | None = None
+        """why this process gets no collapse (it disabled THP for itself), None while managed"""
+        self.status_written: dict[str, Any] | None = None
+        """its status record as last written, less the time"""
+
+    @property
+    def state(self) -> policy.PolicyState:
+        return self.pipeline.state
+
+    @property
+    def held_bytes(self) -> int:
+        """What counts against the budgets: the ranges promoted, or the huge pages measured
+        if more (a range the policy let go of stays huge: no split without a DAMOS mark)."""
+        return max(self.state.promoted_bytes, self.huge_bytes or 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "held_bytes": self.held_bytes, "rule": self.rule,
+                "command": list(self.info.cmdline),
+                "since": self.since, "snapshots": self.snapshots,
+                "promotions": self.collapses, "promoted_bytes": self.state.promoted_bytes,
+                "collapsed_bytes": self.collapsed_bytes, "collapse_errors": dict(self.errors),
+                "held_by_budget": self.held_by_budget, "held_by_rule": self.held_by_rule,
+                "hot_bytes": self.hot_bytes, "anon_huge_bytes": self.huge_bytes,
+                "skipped": self.skipped}
+
+    def measure_huge(self) -> int | None:
+        """Bytes of its private anonymous memory on PMD huge pages: one PAGEMAP_SCAN
+        (smaps_rollup's AnonHugePages walks every page with its rmap counts, ~30 ms per 4 GiB)."""
+        try:
+            return sum(r.size for r in self.files.huge_regions_in(self.mappings))
+        except procfs.PagemapScanUnsupported:
+            return self.files.rollup().get("AnonHugePages")
+
+    def close(self) -> None:
+        self.files.close()
+        self.target.close()
