@@ -57,23 +57,14 @@ SHARE = 0.90
 LOOK_EVERY_S = 5.0
 
 sys.path.insert(0, str(ROOT / "agent"))
+from damon_hp import procfs  # noqa: E402
+from damon_hp.ranges import AddrRange  # noqa: E402
 from damon_hp.sizes import parse_size  # noqa: E402
 
 
-def anon_huge_of_mapping(pid: int, addr: int) -> int:
-    """AnonHugePages of the mapping of `pid` that holds `addr` (smaps), in bytes."""
-    inside = False
-    try:
-        with open(f"/proc/{pid}/smaps") as f:
-            for line in f:
-                if "-" in line.split(" ", 1)[0] and not line.startswith(("Anon", "Size")):
-                    lo, hi = (int(x, 16) for x in line.split(" ", 1)[0].split("-"))
-                    inside = lo <= addr < hi
-                elif inside and line.startswith("AnonHugePages:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+def huge_share(maps: list[procfs.Mapping], lo: int, hi: int) -> float:
+    """Share of [lo, hi) on huge pages (smaps AnonHugePages of the mappings over it)."""
+    return procfs.smaps_in_ranges(maps, [AddrRange(lo, hi)]).anon_huge_bytes / (hi - lo)
 
 
 class Copies:
@@ -100,8 +91,12 @@ class Copies:
         out = []
         for p, lay in zip(self.procs, self.layout, strict=True):
             hot, cold = lay["hot"], lay["cold"]
-            out.append((anon_huge_of_mapping(p.pid, hot["start"]) / (hot["end"] - hot["start"]),
-                        anon_huge_of_mapping(p.pid, cold["start"]) / (cold["end"] - cold["start"])))
+            try:
+                maps = procfs.read_smaps(p.pid)
+            except procfs.ProcessGone:
+                maps = []
+            out.append((huge_share(maps, hot["start"], hot["end"]),
+                        huge_share(maps, cold["start"], cold["end"])))
         return out
 
     def stop(self) -> None:
@@ -145,8 +140,7 @@ def one_count(n: int, args: argparse.Namespace, tmp: Path) -> dict:
             if args.progress:
                 print(f"#   n={n} {t:5.0f} s: {sum(r is not None for r in reached)} of {n} hot "
                       f"sets 90 % huge", flush=True)
-        stat = Path(f"/proc/{daemon.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        proc_cpu_s = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        proc_cpu_s = procfs.read_stat(daemon.pid).cpu_s
         daemon.send_signal(signal.SIGTERM)
         rc = daemon.wait(timeout=120)
         if rc != 0:

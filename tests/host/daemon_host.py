@@ -18,6 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
+from damon_hp import procfs, status_records
 from leftovers import damon_read, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +159,7 @@ class Daemon:
 
     def record_path(self, target_pid: int) -> Path:
         """Where this daemon keeps its status record of `target_pid` (status_records.py)."""
-        return self.run_dir / f"agent-{self.pid}-{target_pid}.json"
+        return self.run_dir / status_records.status_path(self.pid, target_pid).name
 
     def fds(self) -> int:
         """Open file descriptors, from the kernel (/proc/PID/fd)."""
@@ -166,16 +167,11 @@ class Daemon:
 
     def rss(self) -> int:
         """Resident bytes (VmRSS)."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise AssertionError(f"/proc/{self.pid}/status has no VmRSS")
+        return procfs.read_status(self.pid).vm_rss
 
     def cpu_s(self) -> float:
-        """CPU seconds used so far (utime + stime of /proc/PID/stat)."""
-        text = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = text[text.rindex(")") + 2:].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU seconds used so far (utime + stime)."""
+        return procfs.read_stat(self.pid).cpu_s
 
     def terminate(self, timeout_s: float = 30) -> int:
         self.proc.send_signal(signal.SIGTERM)
