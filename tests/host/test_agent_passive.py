@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from collapse_errors import unexplained, vmstat
 from damon_hp import procfs
 from damon_hp.ranges import AddrRange
 from foreign_view import SEES_HOT_SHARE, foreign_intervals, kdamond_sees, watched_share
@@ -68,6 +69,7 @@ def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_d
               f"exec {DAMON_HP} run -q --json {out} -- {HOTCOLD} --hot 1G --cold 3G "
               "--seconds 75")
     env = {**os.environ, "DAMON_HP_RUN_DIR": str(tmp_path / "run")}
+    counters = vmstat()
     p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak = (0.0, 0.0)  # (hot, cold) shares on huge pages, read from smaps at the peak
@@ -129,7 +131,8 @@ def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_d
         print(f"the kdamond read the hot buffer idle ({sees:.0%} accessed): only what needs no "
               "hot set is checked")
         assert cold_share == 0, why
-    assert s["collapse"]["errors"] == {}
+    # failures only where the kernel had no huge page or a page was moving (collapse_errors.py)
+    assert unexplained(s["collapse"], counters, vmstat()) == {}, why
     # Readings withheld while hotcold faulted its 4 GiB in (first touch, pipeline.FirstTouch):
     # the hot buffer is written in the aggregation before it is read, so some of its ranges
     # read hot while they gained pages.

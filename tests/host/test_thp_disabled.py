@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from collapse_errors import unexplained, vmstat
 from daemon_host import Daemon, status
 from damon_hp import actuate, procfs
 from damon_hp.agent import THP_DISABLED
@@ -119,6 +120,7 @@ def test_attach_ends_with_exit_2_when_the_process_disables_thp_while_attached(
     child = Child(64)
     out = tmp_path / "attach.json"
     env = env_for(tmp_path)
+    counters = vmstat()
     agent = subprocess.Popen([DAMON_HP, "attach", "-q", "--json", str(out), str(child.pid)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env=env)
@@ -138,7 +140,10 @@ def test_attach_ends_with_exit_2_when_the_process_disables_thp_while_attached(
     assert "stopped managing it" in err
     s = json.loads(out.read_text())["summary"]
     assert s["stopped_by"] == THP_DISABLED
-    assert s["collapse"]["errors"] == {}
+    # No collapse after the disable (it would be refused EINVAL); before it, a full machine
+    # may have had no huge page to give (collapse_errors.py).
+    assert unexplained(s["collapse"], counters, vmstat(), einval_may_be_migration=False) == {}, \
+        s["collapse"]
     assert leftovers(tmp_path, agent.pid) == []
 
 
@@ -185,9 +190,11 @@ ADVISED_DEADLINE_S = 240
 def test_run_manages_a_command_that_disabled_thp_except_where_advised(
         tmp_path, foreign_kdamond) -> None:
     """A command under PR_THP_DISABLE_EXCEPT_ADVISED is managed: its hot buffer gets huge
-    pages (smaps), every collapse tried succeeded, and none was refused for a disabled THP.
-    hotcold is stopped (SIGTERM) once smaps shows them, or at the deadline (a failure)."""
+    pages (smaps), and no collapse was refused for a disabled THP: every one tried succeeded
+    or failed for what the kernel counts as "not now" (collapse_errors.py). hotcold is stopped
+    (SIGTERM) once smaps shows them, or at the deadline (a failure)."""
     out = tmp_path / "run.json"
+    counters = vmstat()
     cmd = [DAMON_HP, "run", "-q", "--json", str(out), "--", sys.executable, str(THP_PRCTL),
            "advised", "--", HOTCOLD, "--hot", "256M", "--cold", ABSORBING_COLD, "--seconds",
            "300"]
@@ -239,7 +246,7 @@ def test_run_manages_a_command_that_disabled_thp_except_where_advised(
     else:
         print(f"the kdamond read the hot buffer idle ({sees:.0%} accessed): no collapse could be "
               "tried; only that none was refused is checked")
-    assert s["collapse"]["errors"] == {}, s["collapse"]
+    assert unexplained(s["collapse"], counters, vmstat()) == {}, s["collapse"]
     print(f"{huge >> 20} MiB of the hot buffer huge after {took:.0f} s; {s['collapse']}")
 
 
