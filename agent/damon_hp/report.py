@@ -299,9 +299,25 @@ def _agent_cpu(r: RunReport) -> str:
             f"{fmt_seconds(r.collapse.cpu_seconds + r.recollapse.cpu_seconds)}")
 
 
+# What MADV_COLLAPSE's errno means (madvise_collapse_errno, mm/khugepaged.c), for the summary.
+COLLAPSE_ERRNO_MEANING = {
+    "ENOMEM": "no free 2 MiB page: memory fragmented or short",
+    "EAGAIN": "pages busy for a moment",
+    "EBUSY": "memory cgroup charge failed",
+    "EINVAL": "range not eligible, or its pages were migrating",
+}
+
+
+def format_collapse_errors(errors: dict[str, int]) -> str:
+    """'ENOMEM x2 (no free 2 MiB page: ...), EAGAIN x1 (...)', or 'none'."""
+    return ", ".join(f"{k} x{v}" + (f" ({COLLAPSE_ERRNO_MEANING[k]})"
+                                    if k in COLLAPSE_ERRNO_MEANING else "")
+                     for k, v in sorted(errors.items())) or "none"
+
+
 def format_table(r: RunReport) -> str:
     """The human summary printed at exit."""
-    failures = ", ".join(f"{k} x{v}" for k, v in sorted(r.collapse.errors.items())) or "none"
+    failures = format_collapse_errors(r.collapse.errors)
     target = f"pid {r.target_pid}" + (f": {' '.join(r.command)}" if r.command else "")
     stopped = r.stopped_by + (f" (exit code {r.exit_code})" if r.exit_code is not None else "")
     snaps = f"{r.snapshots}" + (f", {r.empty_snapshots} empty" if r.empty_snapshots else "") + (

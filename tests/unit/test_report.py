@@ -71,7 +71,7 @@ def test_unmeasured_values_print_as_na_never_as_zero() -> None:
 
 def test_table_counts_failures_by_errno() -> None:
     table = report.format_table(make_report())
-    assert "failed collapses" in table and "EAGAIN x1" in table
+    assert "failed collapses" in table and "EAGAIN x1 (pages busy for a moment)" in table
     assert "1 (2.0 MiB)" in table
 
 
