@@ -223,8 +223,9 @@ def _timeline(plt: Any, runs: list[RunResult], workload: str, path: Path, title:
     ax.set_xlabel("seconds since the workload started")
     ax.set_ylabel("AnonHugePages (MiB)")
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title(f"{title} ({th} thr, sufficient memory, repetition 0)", fontsize=10)
-    _layout(fig, top=0.90, bottom=0.14)
+    # two lines: one line with a long workload name ran past the figure's right edge
+    ax.set_title(f"{title}\n({th} thread(s), sufficient memory, repetition 0)", fontsize=10)
+    _layout(fig, top=0.85, bottom=0.14)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
