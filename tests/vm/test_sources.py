@@ -31,7 +31,7 @@ from damon_hp.damon.events import INSTANCE_PREFIX, AggregatedEventStream
 from damon_hp.damon.model import Recording
 from damon_hp.pipeline import PHYSICAL_MIN_ACCESS_PCT
 from damon_hp.policy.hotset import range_heat
-from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
+from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, huge_range, huge_starts
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
@@ -139,12 +139,6 @@ class HotCold:
         self.not_huge: list[int] = []
         """the hot buffer's 2 MiB ranges not huge when the run was stopped (pagemap)"""
 
-    def hot_windows(self) -> list[int]:
-        """The 2 MiB-aligned ranges wholly inside the hot buffer (hotcold's buffers are not
-        aligned: the window over an end also holds other memory)."""
-        first = -(-self.hot.start // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
-        return list(range(first, self.hot.end - HUGE_PAGE_BYTES + 1, HUGE_PAGE_BYTES))
-
     def huge_shares(self) -> tuple[float, float]:
         maps = procfs.read_smaps(self.pid)
         hot = procfs.smaps_in_ranges(maps, [self.hot]).anon_huge_bytes
@@ -195,9 +189,10 @@ def run_until_hot(args: list[str], out: Path, wrap: list[str] | None = None,
                 break
             time.sleep(0.5)
         samples.append(("end", *(round(x, 3) for x in hc.huge_shares())))
-        hc.not_huge = [w for w in hc.hot_windows()
-                       if procfs.huge_bytes_in(hc.pid, [AddrRange(w, w + HUGE_PAGE_BYTES)])
-                       < HUGE_PAGE_BYTES]
+        # whole aligned 2 MiB ranges only: hotcold's buffers are not aligned, and the range
+        # over an end also holds other memory
+        hc.not_huge = [w for w in huge_starts(hc.hot)
+                       if procfs.huge_bytes_in(hc.pid, [huge_range(w)]) < HUGE_PAGE_BYTES]
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
