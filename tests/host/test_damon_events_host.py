@@ -22,14 +22,14 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from damon_hp.damon.assembler import SnapshotAssembler
+from damon_hp.damon.event_lines import parse_event_line
 from damon_hp.damon.events import (
     EVENT_DIR,
     AggregatedEventStream,
     EventStreamLost,
-    SnapshotAssembler,
     buffer_size_kb,
     instance_name,
-    parse_event_line,
     remove_stale_instances,
 )
 from damon_hp.damon.revmap import reverse_map

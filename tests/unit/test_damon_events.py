@@ -15,15 +15,13 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from damon_hp.damon.assembler import SnapshotAssembler
+from damon_hp.damon.event_lines import AggregatedEvent, lost_events, parse_event_line
 from damon_hp.damon.events import (
     INSTANCE_PREFIX,
-    AggregatedEvent,
     AggregatedEventStream,
-    SnapshotAssembler,
     buffer_size_kb,
     instance_name,
-    lost_events,
-    parse_event_line,
     remove_stale_instances,
 )
 from damon_hp.errors import EnvironmentProblem

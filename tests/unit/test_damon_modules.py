@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from damon_hp.damon import DamonStatus, plan_placement, plan_start
-from damon_hp.damon.events import SnapshotAssembler, parse_tune_line
+from damon_hp.damon.assembler import SnapshotAssembler
+from damon_hp.damon.event_lines import parse_tune_line
 from damon_hp.damon.modules import ModuleKdamond, module_kdamonds, unlisted_kdamonds
 from damon_hp.damon.sources import _pick_module
 from damon_hp.errors import EnvironmentProblem

@@ -15,7 +15,8 @@ from array import array
 from pathlib import Path
 
 import pytest
-from damon_hp.damon.events import SnapshotAssembler, parse_event_line
+from damon_hp.damon.assembler import SnapshotAssembler
+from damon_hp.damon.event_lines import parse_event_line
 from damon_hp.damon.model import Region, Snapshot
 from damon_hp.damon.revmap import reverse_map
 from damon_hp.frames import (

@@ -3,7 +3,8 @@ giving each target's snapshot the pid of its time."""
 
 from __future__ import annotations
 
-from damon_hp.damon.events import AggregatedEvent, SnapshotAssembler
+from damon_hp.damon.assembler import SnapshotAssembler
+from damon_hp.damon.event_lines import AggregatedEvent
 from damon_hp.damon.targets import TargetMap, plan_slots
 
 

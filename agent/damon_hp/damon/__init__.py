@@ -2,15 +2,20 @@
 tracepoints. Everything above it sees plain dataclasses.
 
 One module per job:
-    io.py         the one reader and writer of DAMON sysfs files (EBUSY retry, turn_off)
-    status.py     read-only: what DAMON offers, which kdamonds run, whose they are
-    placement.py  pure: where a new kdamond of ours may go, or every reason it may not
-    kdamond.py    kdamonds we start: start (vaddr, paddr), schemes, tried-regions snapshots, stop
-    ownership.py  records that prove a kdamond ours
-    events.py     the damon_aggregated event stream of any kdamond, as whole snapshots
-    revmap.py     physical regions -> one process's per-2 MiB access picture (pagemap)
-    sources.py    vaddr, paddr and passive access sources behind one interface
-    model.py      DAMON objects as dataclasses
+    io.py            the one reader and writer of DAMON sysfs files (EBUSY retry, turn_off)
+    status.py        read-only: what DAMON offers, which kdamonds run, whose they are
+    modules.py       read-only: kdamonds of the kernel's DAMON modules (DAMON_STAT) sysfs omits
+    module_pause.py  pausing DAMON_STAT for one run, on explicit request only
+    placement.py     pure: where a new kdamond of ours may go, or every reason it may not
+    kdamond.py       kdamonds we start: start (vaddr, paddr), schemes, tried-regions, stop
+    ownership.py     records that prove a kdamond ours
+    events.py        the damon_aggregated event stream of any kdamond, as whole snapshots
+    event_lines.py   pure: one trace_pipe line -> one event
+    assembler.py     pure: events -> whole per-target snapshots
+    targets.py       which process an event's target_id means while targets change
+    revmap.py        physical regions -> one process's per-2 MiB access picture (pagemap)
+    sources.py       vaddr, paddr and passive access sources behind one interface
+    model.py         DAMON objects as dataclasses
 
 Stable API (other modules import from here, not from the submodules):
 

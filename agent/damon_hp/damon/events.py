@@ -10,10 +10,10 @@ The events are read from a private tracefs instance (`instances/damon-hp-<ourpid
 instance is removed on close; `remove_stale_instances` removes those left by a damon-hp process
 that died before it could.
 
-Three layers, the lower two pure:
-    parse_event_line(line) -> AggregatedEvent | None      one line of trace_pipe
-    SnapshotAssembler.feed(event) -> Snapshot | None     whole aggregations of one target
-    AggregatedEventStream(kdamond_pid, ...)              the tracefs instance and its reader
+Three layers, the lower two pure and in their own modules:
+    event_lines.parse_event_line(line) -> AggregatedEvent | None  one line of trace_pipe
+    assembler.SnapshotAssembler.feed(event) -> Snapshot | None   whole aggregations of a target
+    AggregatedEventStream(kdamond_pid, ...)                      the tracefs instance, its reader
 
 Cost, measured on the development host (6.18, 2 cores, loaded; a paddr kdamond with
 1,400-1,900 regions per 5 s aggregation): about 12 ms of CPU per snapshot, 9 ms of it in Python
@@ -27,10 +27,6 @@ sometimes a few ms ahead of the rest); for paddr, target_id is 0 and a target's 
 contiguous from its first start to its last end; nr_regions varies from one aggregation to the
 next (1,345 to 2,031 seen, max 8192); the physical range monitored can change while the
 kdamond runs (its owner rewrote it from 4-7.4 GiB to 4-13.75 GiB here).
-
-Length (over 600 lines): the tracefs instance, the event parser, the aggregation assembler and
-the interval follower for DAMON modules are one reader of one event; the parser and assembler
-are the part to split off next (issue 25).
 """
 
 from __future__ import annotations
@@ -44,14 +40,14 @@ import re
 import select
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from .. import procfs
 from ..errors import DamonHpError, EnvironmentProblem
-from .model import Region, Snapshot
+from .assembler import SnapshotAssembler, TargetPids
+from .event_lines import lost_events, parse_event_line, parse_tune_line
+from .model import Snapshot
 
 TRACEFS = "/sys/kernel/tracing"
 INSTANCE_PREFIX = "damon-hp-"
@@ -77,221 +73,6 @@ _instance_seq = itertools.count()
 
 class EventStreamLost(DamonHpError):
     """Our tracefs instance was changed under us: events can no longer be trusted to arrive."""
-
-
-class AggregatedEvent(NamedTuple):
-    """One `damon:damon_aggregated` event: one region of one target at one aggregation.
-
-    A NamedTuple, not a frozen dataclass: thousands are made per aggregation, and a frozen
-    dataclass's constructor cost as much as parsing the line.
-
-    For paddr kdamonds `start`/`end` are physical addresses (in DAMON's `addr_unit`, 1 unless
-    set); for vaddr, virtual addresses of target `target_id` (its index in the context).
-    """
-
-    pid: int  # common_pid: the kdamond thread
-    timestamp_s: float  # the instance's trace clock
-    target_id: int
-    nr_regions: int  # regions of this target in this aggregation
-    start: int
-    end: int
-    nr_accesses: int
-    age: int
-
-
-# The part after "damon_aggregated: " is the event's print fmt,
-#   "target_id=%lu nr_regions=%u %lu-%lu: %u %u"  (target_id nr_regions start-end: nr_accesses age)
-# The part before it follows trace_pipe's default layout,
-#   "       kdamond.0-77      [001] .....   294.105550"
-# but the "(tgid)" column of the record-tgid option and a missing irq-info flags column are
-# accepted too. A comm may contain '-' and spaces: the pid is the last "-digits" before the CPU
-# column. Splitting first and matching two anchored patterns costs half of one regex over the
-# whole line (~1.7 us per line here).
-_MARK = ": damon_aggregated: "
-_HEAD = re.compile(r"-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+(?:\S+\s+)?(\d+(?:\.\d+)?)$")
-_PAYLOAD = re.compile(r"target_id=(\d+) nr_regions=(\d+) (\d+)-(\d+): (\d+) (\d+)\s*$")
-_LOST = re.compile(r"\[LOST (\d+) EVENTS\]")
-
-
-def parse_event_line(line: str) -> AggregatedEvent | None:
-    """The event on one trace_pipe line, or None for any other line (other events, LOST)."""
-    head, mark, payload = line.partition(_MARK)
-    if not mark:
-        return None
-    return _parse_plain(head, payload) or _parse_any(head, payload)
-
-
-def _parse_plain(head: str, payload: str) -> AggregatedEvent | None:
-    """The usual line (comm-pid, [cpu], flags, time; single-spaced payload) by splitting, at
-    a third of the regular expressions' cost; None for anything else, which `_parse_any`
-    then judges. Accepts only what `_parse_any` accepts, with the same fields: every token is
-    checked as its pattern would (isdecimal is what \\d matches)."""
-    tokens = head.split()
-    fields = payload.rstrip().split(" ")
-    if len(tokens) < 4 or len(fields) != 5 or head[-1:].isspace():
-        return None
-    _, dash, pid = tokens[-4].rpartition("-")
-    cpu, stamp = tokens[-3], tokens[-1]
-    whole, dot, frac = stamp.partition(".")
-    target, nr, span, acc, age = fields
-    start, minus, end = span[:-1].partition("-")
-    if not (dash and pid.isdecimal() and cpu[:1] == "[" and cpu[-1:] == "]"
-            and cpu[1:-1].isdecimal() and whole.isdecimal() and (not dot or frac.isdecimal())
-            and target[:10] == "target_id=" and target[10:].isdecimal()
-            and nr[:11] == "nr_regions=" and nr[11:].isdecimal() and span[-1:] == ":"
-            and minus and start.isdecimal() and end.isdecimal() and acc.isdecimal()
-            and age.isdecimal()):
-        return None
-    return AggregatedEvent(pid=int(pid), timestamp_s=float(stamp), target_id=int(target[10:]),
-                           nr_regions=int(nr[11:]), start=int(start), end=int(end),
-                           nr_accesses=int(acc), age=int(age))
-
-
-def _parse_any(head: str, payload: str) -> AggregatedEvent | None:
-    h = _HEAD.search(head)
-    m = _PAYLOAD.match(payload)
-    if h is None or m is None:
-        return None
-    return AggregatedEvent(
-        pid=int(h[1]),
-        timestamp_s=float(h[2]),
-        target_id=int(m[1]),
-        nr_regions=int(m[2]),
-        start=int(m[3]),
-        end=int(m[4]),
-        nr_accesses=int(m[5]),
-        age=int(m[6]),
-    )
-
-
-_TUNE_MARK = ": damon_monitor_intervals_tune: sample_us="
-
-
-def parse_tune_line(line: str) -> int | None:
-    """The new sampling interval (us) on a `damon_monitor_intervals_tune` line, else None."""
-    _, mark, value = line.partition(_TUNE_MARK)
-    value = value.strip()
-    return int(value) if mark and value.isdecimal() and int(value) > 0 else None
-
-
-def lost_events(line: str) -> int:
-    """Events the kernel dropped, from a trace_pipe "CPU:N [LOST M EVENTS]" line (else 0)."""
-    m = _LOST.search(line)
-    return int(m[1]) if m else 0
-
-
-# pid by target_id: one for all, a fixed mapping, or a function of (target_id, event time)
-TargetPids = Mapping[int, int] | int | Callable[[int, float], int | None]
-
-
-@dataclass
-class _Group:
-    """Regions of one target seen so far in the current burst."""
-
-    nr_regions: int
-    pid: int
-    regions: list[Region] = field(default_factory=list)
-    last_ts: float = 0.0
-
-
-class SnapshotAssembler:
-    """Groups `damon_aggregated` events of one kdamond into whole per-target snapshots.
-
-    Pure apart from `clock` (time.monotonic by default), which stamps `Snapshot.taken_at_s`
-    when the snapshot completes; with `clock=None` the snapshot carries the time of its last
-    event instead (the aggregation's end, on the trace clock), so snapshots read late, several
-    at once, keep the times DAMON made them at. A target's
-    snapshot is complete when `nr_regions` events have arrived for it; DAMON emits a target's
-    regions in address order within a few milliseconds, so a group ends early -- and is
-    dropped, never returned torn -- when an event starts below the previous one (the next
-    aggregation began), reports a different `nr_regions`, or follows the previous event by more
-    than half an aggregation interval. That drops the burst a reader joins midway and any burst
-    that lost events in the ring buffer.
-
-    target_pids: the pid to put in each target's snapshots, by target_id (the target's index in
-    the kdamond's context), or one pid for every target (0 for paddr), or a function of
-    (target_id, event time) for a kdamond whose targets change while it runs (targets.py).
-    Events of a target_id without a pid are ignored.
-    """
-
-    def __init__(
-        self,
-        *,
-        sample_us: int,
-        aggr_us: int,
-        target_pids: TargetPids = 0,
-        clock: Callable[[], float] | None = time.monotonic,
-    ) -> None:
-        if not 0 < sample_us <= aggr_us:
-            raise ValueError(f"need 0 < sample_us ({sample_us}) <= aggr_us ({aggr_us})")
-        self.sample_us = sample_us
-        self.aggr_us = aggr_us
-        self._target_pids = target_pids
-        self._clock = clock
-        self._groups: dict[int, _Group] = {}
-        # Within a burst events are microseconds apart; bursts are an aggregation apart.
-        self._burst_gap_s = aggr_us / 2e6
-        self.dropped_groups = 0
-        self.ignored_events = 0
-        self.retunes = 0
-
-    def _pid_of(self, target_id: int, at_s: float) -> int | None:
-        if isinstance(self._target_pids, int):
-            return self._target_pids
-        if callable(self._target_pids):
-            return self._target_pids(target_id, at_s)
-        return self._target_pids.get(target_id)
-
-    def feed(self, event: AggregatedEvent) -> Snapshot | None:
-        """Add one event; return the target's snapshot if this event completed it."""
-        pid = self._pid_of(event.target_id, event.timestamp_s)
-        if pid is None or event.nr_regions <= 0:
-            self.ignored_events += 1
-            return None
-        group = self._groups.get(event.target_id)
-        if group is not None and (group.pid != pid or self._starts_new_burst(group, event)):
-            self.dropped_groups += 1
-            group = None
-        if group is None:
-            group = self._groups[event.target_id] = _Group(event.nr_regions, pid)
-        group.regions.append(Region(event.start, event.end, event.nr_accesses, event.age))
-        group.last_ts = event.timestamp_s
-        if len(group.regions) < group.nr_regions:
-            return None
-        del self._groups[event.target_id]
-        return Snapshot(
-            taken_at_s=self._clock() if self._clock is not None else event.timestamp_s,
-            pid=group.pid,
-            sample_us=self.sample_us,
-            aggr_us=self.aggr_us,
-            regions=tuple(group.regions),
-        )
-
-    def _starts_new_burst(self, group: _Group, event: AggregatedEvent) -> bool:
-        last = group.regions[-1]
-        return (
-            event.start < last.end
-            or event.nr_regions != group.nr_regions
-            or event.timestamp_s - group.last_ts > self._burst_gap_s
-        )
-
-    def retune(self, sample_us: int) -> None:
-        """The kdamond tuned its sampling interval to `sample_us`: the kernel keeps the
-        aggregation interval the same number of samples (kdamond_tune_intervals), so later
-        snapshots carry the new pair and the same nr_accesses scale."""
-        samples = max(1, round(self.aggr_us / self.sample_us))
-        self.sample_us, self.aggr_us = sample_us, sample_us * samples
-        self._burst_gap_s = self.aggr_us / 2e6
-        self.retunes += 1
-
-    def reset(self) -> None:
-        """Drop every group in progress (the kernel lost events: none of them can complete)."""
-        self.dropped_groups += len(self._groups)
-        self._groups.clear()
-
-    def feed_all(self, events: Iterable[AggregatedEvent]) -> list[Snapshot]:
-        """Every snapshot the events complete, in order (for fixtures and tests)."""
-        return [s for s in map(self.feed, events) if s is not None]
 
 
 def mount_tracefs(tracefs: str | Path = TRACEFS) -> bool:

@@ -1,0 +1,129 @@
+"""`damon_aggregated` events of one kdamond -> whole per-target snapshots, pure.
+
+The middle of the event stream's three layers (event_lines.py parses a line, events.py owns
+the tracefs instance): it relies on the order in which a kdamond emits them: at the end of an
+aggregation kdamond_reset_aggregated() traces every region of every target, target by target,
+each target's regions in list (address) order, in one burst.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .event_lines import AggregatedEvent
+from .model import Region, Snapshot
+
+# pid by target_id: one for all, a fixed mapping, or a function of (target_id, event time)
+TargetPids = Mapping[int, int] | int | Callable[[int, float], int | None]
+
+
+@dataclass
+class _Group:
+    """Regions of one target seen so far in the current burst."""
+
+    nr_regions: int
+    pid: int
+    regions: list[Region] = field(default_factory=list)
+    last_ts: float = 0.0
+
+
+class SnapshotAssembler:
+    """Groups `damon_aggregated` events of one kdamond into whole per-target snapshots.
+
+    Pure apart from `clock` (time.monotonic by default), which stamps `Snapshot.taken_at_s`
+    when the snapshot completes; with `clock=None` the snapshot carries the time of its last
+    event instead (the aggregation's end, on the trace clock), so snapshots read late, several
+    at once, keep the times DAMON made them at. A target's
+    snapshot is complete when `nr_regions` events have arrived for it; DAMON emits a target's
+    regions in address order within a few milliseconds, so a group ends early -- and is
+    dropped, never returned torn -- when an event starts below the previous one (the next
+    aggregation began), reports a different `nr_regions`, or follows the previous event by more
+    than half an aggregation interval. That drops the burst a reader joins midway and any burst
+    that lost events in the ring buffer.
+
+    target_pids: the pid to put in each target's snapshots, by target_id (the target's index in
+    the kdamond's context), or one pid for every target (0 for paddr), or a function of
+    (target_id, event time) for a kdamond whose targets change while it runs (targets.py).
+    Events of a target_id without a pid are ignored.
+    """
+
+    def __init__(
+        self,
+        *,
+        sample_us: int,
+        aggr_us: int,
+        target_pids: TargetPids = 0,
+        clock: Callable[[], float] | None = time.monotonic,
+    ) -> None:
+        if not 0 < sample_us <= aggr_us:
+            raise ValueError(f"need 0 < sample_us ({sample_us}) <= aggr_us ({aggr_us})")
+        self.sample_us = sample_us
+        self.aggr_us = aggr_us
+        self._target_pids = target_pids
+        self._clock = clock
+        self._groups: dict[int, _Group] = {}
+        # Within a burst events are microseconds apart; bursts are an aggregation apart.
+        self._burst_gap_s = aggr_us / 2e6
+        self.dropped_groups = 0
+        self.ignored_events = 0
+        self.retunes = 0
+
+    def _pid_of(self, target_id: int, at_s: float) -> int | None:
+        if isinstance(self._target_pids, int):
+            return self._target_pids
+        if callable(self._target_pids):
+            return self._target_pids(target_id, at_s)
+        return self._target_pids.get(target_id)
+
+    def feed(self, event: AggregatedEvent) -> Snapshot | None:
+        """Add one event; return the target's snapshot if this event completed it."""
+        pid = self._pid_of(event.target_id, event.timestamp_s)
+        if pid is None or event.nr_regions <= 0:
+            self.ignored_events += 1
+            return None
+        group = self._groups.get(event.target_id)
+        if group is not None and (group.pid != pid or self._starts_new_burst(group, event)):
+            self.dropped_groups += 1
+            group = None
+        if group is None:
+            group = self._groups[event.target_id] = _Group(event.nr_regions, pid)
+        group.regions.append(Region(event.start, event.end, event.nr_accesses, event.age))
+        group.last_ts = event.timestamp_s
+        if len(group.regions) < group.nr_regions:
+            return None
+        del self._groups[event.target_id]
+        return Snapshot(
+            taken_at_s=self._clock() if self._clock is not None else event.timestamp_s,
+            pid=group.pid,
+            sample_us=self.sample_us,
+            aggr_us=self.aggr_us,
+            regions=tuple(group.regions),
+        )
+
+    def _starts_new_burst(self, group: _Group, event: AggregatedEvent) -> bool:
+        last = group.regions[-1]
+        return (
+            event.start < last.end
+            or event.nr_regions != group.nr_regions
+            or event.timestamp_s - group.last_ts > self._burst_gap_s
+        )
+
+    def retune(self, sample_us: int) -> None:
+        """The kdamond tuned its sampling interval to `sample_us`: the kernel keeps the
+        aggregation interval the same number of samples (kdamond_tune_intervals), so later
+        snapshots carry the new pair and the same nr_accesses scale."""
+        samples = max(1, round(self.aggr_us / self.sample_us))
+        self.sample_us, self.aggr_us = sample_us, sample_us * samples
+        self._burst_gap_s = self.aggr_us / 2e6
+        self.retunes += 1
+
+    def reset(self) -> None:
+        """Drop every group in progress (the kernel lost events: none of them can complete)."""
+        self.dropped_groups += len(self._groups)
+        self._groups.clear()
+
+    def feed_all(self, events: Iterable[AggregatedEvent]) -> list[Snapshot]:
+        """Every snapshot the events complete, in order (for fixtures and tests)."""
+        return [s for s in map(self.feed, events) if s is not None]
