@@ -82,12 +82,12 @@ def test_routine_waits_are_not_kept_and_notable_ones_make_a_note() -> None:
 
 
 def test_doctor_names_a_busy_damon_instead_of_a_traceback(monkeypatch) -> None:
-    from damon_hp import doctor
+    from damon_hp import damon, doctor
 
     def busy_probe(*_a, **_k):
         raise io.DamonBusy("damon-hp: DAMON sysfs stayed busy (EBUSY) for 10 s reading x/state")
 
-    monkeypatch.setattr(doctor.damon, "probe", busy_probe)
+    monkeypatch.setattr(damon, "probe", busy_probe)
     facts = doctor.gather([])
     damon_check = next(c for c in doctor.evaluate(facts, []) if c.name == "damon sysfs")
     assert "stayed busy (EBUSY)" in damon_check.detail

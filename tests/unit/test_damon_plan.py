@@ -22,7 +22,7 @@ from damon_hp.damon import (
     plan_placement,
     plan_start,
 )
-from damon_hp.damon.kdamond import _allow_ranges_as_reject_gaps
+from damon_hp.damon.schemes import allow_ranges_as_reject_gaps
 from damon_hp.errors import EnvironmentProblem
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -107,16 +107,16 @@ def test_status_round_trips_through_dict():
 
 def test_allowed_ranges_become_the_rejected_gaps_around_them():
     a, b = AddrRange(0x1000, 0x3000), AddrRange(0x8000, 0x9000)
-    assert _allow_ranges_as_reject_gaps((b, a)) == [
+    assert allow_ranges_as_reject_gaps((b, a)) == [
         AddrRange(0, 0x1000), AddrRange(0x3000, 0x8000), AddrRange(0x9000, ULONG_MAX)]
 
 
 def test_overlapping_and_touching_ranges_leave_no_gap_between_them():
-    gaps = _allow_ranges_as_reject_gaps((AddrRange(0x1000, 0x5000), AddrRange(0x3000, 0x6000),
+    gaps = allow_ranges_as_reject_gaps((AddrRange(0x1000, 0x5000), AddrRange(0x3000, 0x6000),
                                          AddrRange(0x6000, 0x7000)))
     assert gaps == [AddrRange(0, 0x1000), AddrRange(0x7000, ULONG_MAX)]
 
 
 def test_range_starting_at_zero_has_no_leading_gap():
-    assert _allow_ranges_as_reject_gaps((AddrRange(0, 0x1000),)) == [
+    assert allow_ranges_as_reject_gaps((AddrRange(0, 0x1000),)) == [
         AddrRange(0x1000, ULONG_MAX)]
