@@ -62,7 +62,7 @@ from damon_hp.ranges import AddrRange  # noqa: E402
 from damon_hp.sizes import parse_size  # noqa: E402
 
 
-def huge_share(maps: list[procfs.Mapping], lo: int, hi: int) -> float:
+def huge_share(maps: list[procfs.Vma], lo: int, hi: int) -> float:
     """Share of [lo, hi) on huge pages (smaps AnonHugePages of the mappings over it)."""
     return procfs.smaps_in_ranges(maps, [AddrRange(lo, hi)]).anon_huge_bytes / (hi - lo)
 

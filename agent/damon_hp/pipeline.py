@@ -77,7 +77,7 @@ class Observation:
     snapshot: Snapshot
     """the target's virtual snapshot, unsteady ranges marked"""
     status: procfs.Status
-    maps: list[procfs.Mapping]
+    maps: list[procfs.Vma]
     mappings: list[AddrRange]
     """its private anonymous mappings: where a collapse is possible"""
     monitored_share: float | None
@@ -175,7 +175,7 @@ class Observer:
         return counts
 
 
-def mappings_of(maps: list[procfs.Mapping]) -> list[AddrRange]:
+def mappings_of(maps: list[procfs.Vma]) -> list[AddrRange]:
     """The private anonymous mappings: where a collapse is possible."""
     return [m.range for m in maps if m.anonymous_private]
 

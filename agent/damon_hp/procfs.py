@@ -45,7 +45,7 @@ def _read(path: str) -> str:
 
 
 @dataclass(frozen=True)
-class Mapping:
+class Vma:
     """One line of /proc/PID/maps (a VMA) plus, when read from smaps, its counters in bytes."""
 
     start: int
@@ -79,10 +79,10 @@ class Mapping:
         return self.counters.get(name, 0)
 
 
-def _parse_map_line(line: str) -> Mapping:
+def _parse_map_line(line: str) -> Vma:
     parts = line.split(None, 5)
     lo, hi = parts[0].split("-")
-    return Mapping(
+    return Vma(
         start=int(lo, 16),
         end=int(hi, 16),
         perms=parts[1],
@@ -92,11 +92,11 @@ def _parse_map_line(line: str) -> Mapping:
     )
 
 
-def parse_maps(text: str) -> list[Mapping]:
+def parse_maps(text: str) -> list[Vma]:
     return [_parse_map_line(line) for line in text.splitlines() if line]
 
 
-def read_maps(pid: int) -> list[Mapping]:
+def read_maps(pid: int) -> list[Vma]:
     """The VMAs of `pid`, without counters (cheap: no page-table walk)."""
     return parse_maps(_read(f"/proc/{pid}/maps"))
 
@@ -114,13 +114,13 @@ def _parse_counter(line: str) -> tuple[str, int] | None:
     return key, value * 1024 if unit == "kB" else value
 
 
-def read_smaps(pid: int) -> list[Mapping]:
+def read_smaps(pid: int) -> list[Vma]:
     """The VMAs of `pid` with their smaps counters (Rss, AnonHugePages, ...) in bytes."""
     return parse_smaps(_read(f"/proc/{pid}/smaps"))
 
 
-def parse_smaps(text: str) -> list[Mapping]:
-    maps: list[Mapping] = []
+def parse_smaps(text: str) -> list[Vma]:
+    maps: list[Vma] = []
     for line in text.splitlines():
         head = line.split(None, 1)[0] if line else ""
         if "-" in head and ":" not in head:
@@ -156,7 +156,7 @@ class RangeMemory:
     anon_huge_bytes: int
 
 
-def smaps_in_ranges(maps: Sequence[Mapping], ranges: Iterable[AddrRange]) -> RangeMemory:
+def smaps_in_ranges(maps: Sequence[Vma], ranges: Iterable[AddrRange]) -> RangeMemory:
     """Rss and AnonHugePages of the VMAs inside `ranges` (from `read_smaps`).
 
     smaps counts per VMA, so for a VMA only partly inside a range this is an upper bound: the
@@ -508,7 +508,7 @@ class ProcessFiles:
     # show the old, dead one, empty. status and stat follow the task and stay valid.
     _MM_BOUND = ("maps", "smaps", "smaps_rollup", "pagemap")
 
-    def maps(self) -> list[Mapping]:
+    def maps(self) -> list[Vma]:
         """VMAs; ProcessGone once the process has no memory left (exited, maybe unreaped).
 
         Empty maps through an old file mean an exit or an exec (a launcher such as `env` or

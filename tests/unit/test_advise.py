@@ -18,8 +18,8 @@ RULES = growth.KindRules(shmem=False, shmem_why="shmem_enabled never", file=Fals
 
 
 def mapping(start: int, size: int, *, perms: str = "rw-p", path: str = "", inode: int = 0,
-            offset: int = 0, rss: int = 0, flags: tuple[str, ...] = ()) -> procfs.Mapping:
-    return procfs.Mapping(start, start + size, perms, offset, inode, path, {"Rss": rss},
+            offset: int = 0, rss: int = 0, flags: tuple[str, ...] = ()) -> procfs.Vma:
+    return procfs.Vma(start, start + size, perms, offset, inode, path, {"Rss": rss},
                           list(flags))
 
 

@@ -162,8 +162,8 @@ def test_water_layout_gives_var_and_each_threads_force_run_as_hot_ranges():
     assert workloads.ground_truth_env("hotcold") == {}
 
 
-def _maps(*spans: tuple[int, int]) -> list[procfs.Mapping]:
-    return [procfs.Mapping(lo, hi, "rw-p", 0, 0, "") for lo, hi in spans]
+def _maps(*spans: tuple[int, int]) -> list[procfs.Vma]:
+    return [procfs.Vma(lo, hi, "rw-p", 0, 0, "") for lo, hi in spans]
 
 
 def test_a_hot_range_counts_as_mapped_only_while_every_byte_of_it_is():

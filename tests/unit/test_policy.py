@@ -98,7 +98,7 @@ def hotcold(request: pytest.FixtureRequest) -> Recording:
 def test_hot_buffer_is_promoted_whole_and_cold_buffer_left_alone(hotcold: Recording) -> None:
     hot, cold = hotcold.ground_truth["hot"], hotcold.ground_truth["cold"]
     r = replay(hotcold.snapshots, PolicyParams(), mappings=spans(hot, cold))
-    promoted = r.final.promoted
+    promoted = r.final.promoted_last_hot
     hot_ranges = [s for s in range(hot.start, hot.end, H) if inside(s, hot)]
     assert sum(1 for s in hot_ranges if s in promoted) >= 0.9 * len(hot_ranges)
     cold_promoted = sum(1 for s in r.promoted_ever() if inside(s, cold))
@@ -328,7 +328,7 @@ def test_long_demote_after_keeps_promoted_ranges() -> None:
     span_s = rec.snapshots[-1].taken_at_s - rec.snapshots[0].taken_at_s
     r = replay(rec.snapshots, PolicyParams(demote_after_s=span_s + 1), mappings=spans(*regions))
     assert not any(d.demote for d in r.decisions)
-    assert r.final.promoted and not r.final.demoted
+    assert r.final.promoted_last_hot and not r.final.demoted
 
 
 def test_one_cold_snapshot_does_not_demote() -> None:
@@ -352,5 +352,5 @@ def test_under_madvise_the_promoted_set_is_marked_hugepage_and_demoted_set_nohug
     assert r.final.demoted, "the recording should demote something under these windows"
     for d, st in zip(r.decisions, r.states, strict=True):
         marked = {s for m in d.hugepage_marks for s in range(m.start, m.end, H)}
-        assert set(st.promoted) <= marked
+        assert set(st.promoted_last_hot) <= marked
         assert not marked & set(st.demoted)

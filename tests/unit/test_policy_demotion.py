@@ -81,7 +81,7 @@ def run(rec: Recording, maps: list[AddrRange], extra_snaps: list[Snapshot],
         state = record_outcomes(state, {s: None for s in d.promote}, params, snap.taken_at_s)
         decisions.append(d)
         if i == len(rec.snapshots) - 1:
-            promoted_then = frozenset(state.promoted)
+            promoted_then = frozenset(state.promoted_last_hot)
     return Run(decisions, state, promoted_then, rec.snapshots[-1].taken_at_s)
 
 
@@ -105,10 +105,10 @@ def test_a_busy_huge_hot_set_that_reads_idle_is_not_demoted() -> None:
     promoted = r.promoted_at_end_of_recording
     assert promoted
     # The old rule would have demoted every one of them: idle far longer than demote_after_s.
-    assert all(blind[-1].taken_at_s - r.state.promoted[s] >= 3 * P.demote_after_s
+    assert all(blind[-1].taken_at_s - r.state.promoted_last_hot[s] >= 3 * P.demote_after_s
                for s in promoted)
     assert r.demoted_at() == {}
-    assert promoted <= set(r.state.promoted)
+    assert promoted <= set(r.state.promoted_last_hot)
 
 
 def test_idleness_witnessed_only_by_4k_memory_demotes_after_the_blind_window() -> None:
@@ -142,7 +142,7 @@ def test_half_the_hot_set_going_cold_while_the_other_half_reads_hot_is_demoted()
     promoted = r.promoted_at_end_of_recording
     demoted = r.demoted_at()
     assert set(demoted) == {s for s in promoted if s < mid}
-    assert {s for s in promoted if s >= mid} <= set(r.state.promoted)
+    assert {s for s in promoted if s >= mid} <= set(r.state.promoted_last_hot)
     for start, t in demoted.items():
         last_hot = max(d.taken_at_s for d in r.decisions
                        if start in d.hot_ranges and d.taken_at_s < t)

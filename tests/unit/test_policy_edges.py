@@ -167,7 +167,7 @@ def test_demoted_range_that_turns_hot_is_remarked_before_it_is_collapsed_again()
     assert d.promote == (BASE,)
     st = record_outcomes(st, {BASE: None}, p, now_s=2.1)
     d, st = decide(snap(2.2, (0, H, 20), busy), st, p)
-    assert d.hugepage_marks == () and BASE in st.promoted
+    assert d.hugepage_marks == () and BASE in st.promoted_last_hot
 
 
 def test_under_madvise_mode_promoted_and_planned_ranges_are_marked_hugepage() -> None:

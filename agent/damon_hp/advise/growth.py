@@ -39,7 +39,7 @@ _SHMEM_PREFIXES = ("/dev/zero", "/SYSV", "/memfd:", "/dev/shm/", "/run/shm/", "/
 _SPECIAL = ("[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]", "[uprobes]")
 
 
-def kind_of(m: procfs.Mapping) -> str | None:
+def kind_of(m: procfs.Vma) -> str | None:
     """anon, shmem, file or None (a kernel-provided mapping no huge page can back)."""
     if m.path in _SPECIAL:
         return None
@@ -53,11 +53,11 @@ def kind_of(m: procfs.Mapping) -> str | None:
     return SHMEM if shared else ANON
 
 
-def name_of(m: procfs.Mapping) -> str:
+def name_of(m: procfs.Vma) -> str:
     return m.path or "[anon]"
 
 
-def huge_slots(m: procfs.Mapping, kind: str) -> list[int]:
+def huge_slots(m: procfs.Vma, kind: str) -> list[int]:
     """Starts of the 2 MiB-aligned ranges wholly inside `m` where a PMD can map a huge page."""
     lo, hi = align_up(m.start), align_down(m.end)
     if kind != ANON and (m.start - m.offset) % HUGE_PAGE_BYTES:
@@ -163,7 +163,7 @@ class KindRules:
     file_why: str
 
 
-def estimate(maps: Sequence[procfs.Mapping], resident: Mapping[int, int], rss_bytes: int,
+def estimate(maps: Sequence[procfs.Vma], resident: Mapping[int, int], rss_bytes: int,
              max_ptes_none: int, rules: KindRules) -> Growth:
     """Pure: the growth of each mapping of `maps` (smaps, with Rss and VmFlags) given the
     resident pages of each of its huge slots (`resident`: slot start -> 0..512; a slot not in
@@ -208,13 +208,13 @@ def estimate(maps: Sequence[procfs.Mapping], resident: Mapping[int, int], rss_by
     return Growth(rss_bytes, max_ptes_none, kinds, out, always_resident, always_kind)
 
 
-def _file_candidate(m: procfs.Mapping) -> bool:
+def _file_candidate(m: procfs.Vma) -> bool:
     # khugepaged collapses file memory only in read-only executable private mappings (program
     # text) under CONFIG_READ_ONLY_THP_FOR_FS; writable file mappings stay on base pages.
     return m.perms.startswith("r-x") and m.perms[3:4] == "p"
 
 
-def all_slots(maps: Iterable[procfs.Mapping]) -> list[int]:
+def all_slots(maps: Iterable[procfs.Vma]) -> list[int]:
     """Every huge slot of every mapping that may hold one (for one pagemap read)."""
     out: list[int] = []
     for m in maps:

@@ -19,7 +19,7 @@ from damon_hp.ranges import AddrRange, covered, huge_capable_bytes
 HOT_HUGE_THRESHOLD = 0.9
 
 
-def _all_mapped(maps: list[procfs.Mapping], ranges: list[AddrRange]) -> bool:
+def _all_mapped(maps: list[procfs.Vma], ranges: list[AddrRange]) -> bool:
     """Whether every byte of `ranges` lies in some mapping."""
     return covered(ranges, (m.range for m in maps))
 

@@ -317,7 +317,7 @@ def _marks(state: PolicyState, thp_mode: str, planned: Iterable[int] = ()) -> se
     keeps them huge and new faults there get huge pages."""
     marks = set(state.remarked)
     if thp_mode == "madvise":
-        marks |= set(state.promoted) | set(planned)
+        marks |= set(state.promoted_last_hot) | set(planned)
     return marks
 
 

@@ -95,8 +95,8 @@ class PolicyState:
         return self.ranges.get(start, _EMPTY)
 
     @property
-    def promoted(self) -> dict[int, float]:
-        """promoted range -> last time it read hot"""
+    def promoted_last_hot(self) -> dict[int, float]:
+        """promoted range -> the last time it read hot (what demotion counts from)"""
         return {s: r.huge.last_hot_s for s, r in self.ranges.items() if r.huge is not None}
 
     @property
