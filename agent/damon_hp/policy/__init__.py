@@ -7,7 +7,12 @@ resident pages of the candidates, the system THP mode) and everything it changes
 return value (a `Decision` and the next `PolicyState`). Tests replay recorded snapshots
 through the same functions.
 
-The rule, in order (rule.py names the function of each step):
+`decide` runs the rule's steps, each a function exported here so a test can call it alone:
+`hot_set` and `range_heat` (rules 1-2), `advance_streaks` (3), `judge_idle` (6),
+`ready_ranges` (3-4, 8) and `admit` (4-5, 8; it returns an `Admission`). The steps that keep
+records update the dict of `RangeState` they are handed; `decide` hands them a copy.
+
+The rule, in order:
 
 1. **Hot regions.** A region is hot in a snapshot when DAMON saw it accessed in at least
    `hot_access_pct` of the samples it took, at an age of at least `min_hot_age_s`.
@@ -55,10 +60,15 @@ from .hotset import (
 )
 from .params import MIB, PolicyParams
 from .rule import (
+    Admission,
+    admit,
+    advance_streaks,
     budget_bytes,
     decide,
     evidence_suffices,
+    judge_idle,
     ranking_score,
+    ready_ranges,
     record_outcomes,
 )
 from .state import Decision, Huge, PolicyState, RangeState, Streak
@@ -67,9 +77,9 @@ BASE_PAGE_BYTES = HUGE_PAGE_BYTES // PAGES_PER_HUGE
 PAGES_PER_HUGE_PAGE = PAGES_PER_HUGE
 
 __all__ = [
-    "BASE_PAGE_BYTES", "HUGE_PAGE_BYTES", "MIB", "PAGES_PER_HUGE_PAGE", "Decision", "HotSet",
-    "Huge", "PolicyParams", "PolicyState", "RangeHeat", "RangeState", "RegionLike",
-    "SnapshotLike", "Streak", "access_pct", "budget_bytes", "decide",
-    "evidence_suffices", "hot_regions", "hot_set", "range_heat", "ranking_score",
-    "record_outcomes",
+    "BASE_PAGE_BYTES", "HUGE_PAGE_BYTES", "MIB", "PAGES_PER_HUGE_PAGE", "Admission", "Decision",
+    "HotSet", "Huge", "PolicyParams", "PolicyState", "RangeHeat", "RangeState", "RegionLike",
+    "SnapshotLike", "Streak", "access_pct", "admit", "advance_streaks", "budget_bytes",
+    "decide", "evidence_suffices", "hot_regions", "hot_set", "judge_idle", "range_heat",
+    "ranking_score", "ready_ranges", "record_outcomes",
 ]
