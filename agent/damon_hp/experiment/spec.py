@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from damon_hp import sizes
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 
 ARMS: dict[str, str] = {
@@ -197,17 +198,13 @@ def _str_list(value: Any, where: str, allowed: tuple[str, ...] | None = None) ->
     return tuple(value)
 
 
-def parse_size(text: str | int) -> int:
-    """'512M', '2G', '4096' -> bytes (1024-based suffixes, as the workloads parse them)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text <= 0:
-            raise ValueError(f"size must be > 0, got {text}")
-        return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 512M, 2G)")
-    shift = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]
-    value = int(float(m.group(1)) * (1 << shift))
+def parse_size(text: str | int | float) -> int:
+    """'512M', '2G', '4096' -> bytes, more than 0 (sizes.parse_size: 1024-based suffixes, as the
+    workloads parse them)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text <= 0:
+        raise ValueError(f"size must be > 0, got {text}")
+    # TOML reads `swap_size = 1e9` as a float; this parser has always read one through its text.
+    value = sizes.parse_size(str(text) if isinstance(text, float) else text)
     if value <= 0:
         raise ValueError(f"size must be > 0, got {text!r}")
     return value
