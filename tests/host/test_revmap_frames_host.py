@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from damon_hp.damon.model import Region, Snapshot
+from damon_hp.damon.model import PHYSICAL, Region, Snapshot
 from damon_hp.damon.revmap import reverse_map
 from damon_hp.frame_reader import FrameReader
 from damon_hp.frames import PM_PFN_MASK, PM_PRESENT, read_page_frames
@@ -77,7 +77,7 @@ def physical(*frames, base_accesses: int = 0, scale: int = 1) -> Snapshot:
     return Snapshot(taken_at_s=0.0, pid=0, sample_us=5_000, aggr_us=100_000, regions=tuple(
         Region(p * 4096, min(p + step, top) * 4096, scale * (base_accesses + (p // step) % 7),
                (p // step) % 5)
-        for p in range(0, top, step)))
+        for p in range(0, top, step)), space=PHYSICAL)
 
 
 def check_read(reader: FrameReader, pid: int):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from damon_hp.damon.assembler import SnapshotAssembler
 from damon_hp.damon.event_lines import parse_event_line
-from damon_hp.damon.model import Region, Snapshot
+from damon_hp.damon.model import PHYSICAL, Region, Snapshot
 from damon_hp.damon.revmap import reverse_map
 from damon_hp.frames import (
     PM_PRESENT,
@@ -102,6 +102,7 @@ def phys(*regions, addr_unit: int = 1) -> Snapshot:
         taken_at_s=5.0, pid=0, sample_us=500_000, aggr_us=5_000_000,
         regions=tuple(Region(s * PAGE_BYTES // addr_unit, e * PAGE_BYTES // addr_unit, a, g)
                       for s, e, a, g in regions),
+        space=PHYSICAL,
     )
 
 

@@ -21,7 +21,9 @@ Stable API (other modules import from here, not from the submodules):
 
 model (pure data, JSON round-trip with to_dict/from_dict):
     Region(start, end, nr_accesses, age)            age in aggregation intervals; .size, .range
-    Snapshot(taken_at_s, pid, sample_us, aggr_us, regions: tuple[Region, ...])
+    Snapshot(taken_at_s, pid, sample_us, aggr_us, regions: tuple[Region, ...], unsteady, space)
+        space: VIRTUAL (a vaddr kdamond's regions), PHYSICAL (a paddr kdamond's), WINDOWS (one
+        process's 2 MiB windows reverse-mapped from a physical snapshot, revmap.py)
         .max_nr_accesses (= aggr_us // sample_us), .access_pct(region) -> 0..100,
         .age_s(region) -> seconds, .total_bytes, .regions_in(AddrRange)
     Intervals(sample_us=5000, aggr_us=100000, update_us=1000000)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .event_lines import AggregatedEvent
-from .model import Region, Snapshot
+from .model import PHYSICAL, VIRTUAL, Region, Snapshot
 
 # pid by target_id: one for all, a fixed mapping, or a function of (target_id, event time)
 TargetPids = Mapping[int, int] | int | Callable[[int, float], int | None]
@@ -47,6 +47,10 @@ class SnapshotAssembler:
     the kdamond's context), or one pid for every target (0 for paddr), or a function of
     (target_id, event time) for a kdamond whose targets change while it runs (targets.py).
     Events of a target_id without a pid are ignored.
+
+    space: what the snapshots' regions are (model.VIRTUAL or model.PHYSICAL); by default
+    physical where every target's pid is 0 (a paddr kdamond's, which has no process), else
+    virtual.
     """
 
     def __init__(
@@ -56,12 +60,14 @@ class SnapshotAssembler:
         aggr_us: int,
         target_pids: TargetPids = 0,
         clock: Callable[[], float] | None = time.monotonic,
+        space: str | None = None,
     ) -> None:
         if not 0 < sample_us <= aggr_us:
             raise ValueError(f"need 0 < sample_us ({sample_us}) <= aggr_us ({aggr_us})")
         self.sample_us = sample_us
         self.aggr_us = aggr_us
         self._target_pids = target_pids
+        self.space = space or (PHYSICAL if target_pids == 0 else VIRTUAL)
         self._clock = clock
         self._groups: dict[int, _Group] = {}
         # Within a burst events are microseconds apart; bursts are an aggregation apart.
@@ -100,6 +106,7 @@ class SnapshotAssembler:
             sample_us=self.sample_us,
             aggr_us=self.aggr_us,
             regions=tuple(group.regions),
+            space=self.space,
         )
 
     def _starts_new_burst(self, group: _Group, event: AggregatedEvent) -> bool:

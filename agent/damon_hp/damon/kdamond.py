@@ -36,6 +36,8 @@ from ..vmguard import require_vm
 from . import io, ownership
 from .io import ADMIN
 from .model import (
+    PHYSICAL,
+    VIRTUAL,
     AddrRange,
     Intervals,
     IntervalsGoal,
@@ -161,7 +163,8 @@ class OwnedKdamond:
             if total is not None and total != sum(r.end - r.start for r in regions):
                 continue  # torn read: a snapshot is returned whole or not at all
             regions.sort(key=lambda r: r.start)
-            return Snapshot(taken, self.target_pid, sample_us, aggr_us, tuple(regions))
+            return Snapshot(taken, self.target_pid, sample_us, aggr_us, tuple(regions),
+                            space=PHYSICAL if self.ops == "paddr" else VIRTUAL)
         self._require_running()
         raise DamonHpError(f"damon-hp: could not read a consistent snapshot of kdamond "
                            f"{self.index} in {self.UPDATE_ATTEMPTS} tries")

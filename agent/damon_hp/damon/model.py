@@ -51,9 +51,25 @@ class Region:
         return cls(int(d["start"]), int(d["end"]), int(d["nr_accesses"]), int(d["age"]))
 
 
+# What a Snapshot's regions are, by where they come from (Snapshot.space):
+VIRTUAL = "virtual"
+"""a vaddr kdamond's regions of one process: virtual addresses, nr_accesses in samples"""
+PHYSICAL = "physical"
+"""a paddr kdamond's regions: physical addresses (times addr_unit) of every process at once"""
+WINDOWS = "windows"
+"""one process's 2 MiB windows reverse-mapped from a physical aggregation (revmap.py): virtual
+addresses, nr_accesses the share of the window's pages in accessed regions, scaled to samples"""
+SPACES = (VIRTUAL, PHYSICAL, WINDOWS)
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """All regions of one target at one aggregation, with the intervals needed to read them."""
+    """All regions of one target at one aggregation, with the intervals needed to read them.
+
+    `space` says which of three things the regions are (VIRTUAL, PHYSICAL, WINDOWS above): the
+    policy reads virtual ones and windows alike, never physical ones; revmap turns physical
+    ones into windows.
+    """
 
     taken_at_s: float  # time.monotonic() when read
     pid: int
@@ -64,6 +80,11 @@ class Snapshot:
     """2 MiB range starts (virtual) whose resident pages grew during this aggregation: a page
     being faulted in reads as accessed, so their readings carry no evidence (filled by the
     per-process pipeline, pipeline.py; empty in DAMON's own snapshots)"""
+    space: str = VIRTUAL
+
+    def __post_init__(self) -> None:
+        if self.space not in SPACES:
+            raise ValueError(f"Snapshot.space must be one of {SPACES}, not {self.space!r}")
 
     @property
     def max_nr_accesses(self) -> int:
@@ -94,6 +115,7 @@ class Snapshot:
             "aggr_us": self.aggr_us,
             "regions": [r.to_dict() for r in self.regions],
             **({"unsteady": sorted(self.unsteady)} if self.unsteady else {}),
+            "space": self.space,
         }
 
     @classmethod
@@ -105,6 +127,8 @@ class Snapshot:
             aggr_us=int(d["aggr_us"]),
             regions=tuple(Region.from_dict(r) for r in d["regions"]),
             unsteady=frozenset(int(s) for s in d.get("unsteady", ())),
+            # recordings made before the field was added hold virtual snapshots or windows
+            space=str(d.get("space", VIRTUAL)),
         )
 
 

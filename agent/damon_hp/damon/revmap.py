@@ -27,7 +27,7 @@ import numpy as np
 from ..frames import Extents, PageFrames
 from ..procfs import ProcessGone
 from ..ranges import HUGE_PAGE_BYTES, PAGE_BYTES
-from .model import Region, Snapshot
+from .model import PHYSICAL, WINDOWS, Region, Snapshot
 
 __all__ = ["ProcessGone", "RangeAccess", "VirtualAccess", "reverse_map"]
 
@@ -183,6 +183,8 @@ def reverse_map(
     """
     if not 0 < hot_page_share_pct <= 100:
         raise ValueError(f"hot_page_share_pct must be within (0, 100], not {hot_page_share_pct}")
+    if phys.space != PHYSICAL:
+        raise ValueError(f"reverse_map reads a physical snapshot, not {phys.space} regions")
     index = _index_of(phys, addr_unit)
     out: list[RangeAccess] = []
     for (lo, hi), ext in frames.extents.items():
@@ -193,6 +195,7 @@ def reverse_map(
         sample_us=phys.sample_us,
         aggr_us=phys.aggr_us,
         regions=tuple(Region(r.start, r.end, r.nr_accesses, r.age) for r in out),
+        space=WINDOWS,
     )
     return VirtualAccess(tuple(out), snapshot)
 

@@ -31,6 +31,8 @@ class SnapshotLike(Protocol):
     regions: Sequence[RegionLike]
     unsteady: frozenset[int]
     """2 MiB range starts whose resident pages grew during the aggregation (first touch)"""
+    space: str
+    """damon.model.VIRTUAL or WINDOWS; never PHYSICAL (decide refuses those)"""
 
     @property
     def max_nr_accesses(self) -> int: ...

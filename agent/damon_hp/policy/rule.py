@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from damon_hp.damon.model import PHYSICAL
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGES_PER_HUGE, AddrRange, coalesce, inside_any
 
 from .hotset import HotSet, RangeHeat, SnapshotLike, hot_set, range_heat
@@ -266,6 +267,11 @@ def decide(snapshot: SnapshotLike, state: PolicyState, params: PolicyParams, *,
     thp_disabled: the process turned THP off for itself (rule 8): nothing is collapsed.
     The promotions in the decision are plans: report their outcome with `record_outcomes`.
     """
+    if snapshot.space == PHYSICAL:
+        # Physical addresses are no process's ranges: revmap.reverse_map turns them into one
+        # process's windows first (pipeline.py).
+        raise ValueError("decide reads a process's virtual regions or windows, not a physical "
+                         "snapshot")
     now = snapshot.taken_at_s
     if not snapshot.regions:
         # DAMON sometimes hands back an empty tried_regions (seen on 6.12 right after the
