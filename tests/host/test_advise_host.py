@@ -25,22 +25,17 @@ from damon_hp import procfs
 from damon_hp.experiment import arms
 from foreign_view import accessed_shares, foreign_intervals
 from leftovers import damon_read, instances_of, kdamond_states, session_members, sysfs_tree
-from thp_settings import thp_settings
+from thp_settings import require_thp_mode, thp_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(Path(sys.executable).parent / "damon-hp")
 HOTCOLD = str(ROOT / "workloads/bin/hotcold")
 DAMON = Path("/sys/kernel/mm/damon")
 ADMIN = DAMON / "admin"
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 ARGS = ["--hot", "256M", "--cold", "1G", "--sparse", "256M"]
-
-
-def foreign_kdamond() -> Path:
-    running = [d for d in (ADMIN / "kdamonds").iterdir()
-               if d.name.isdigit() and damon_read(d / "state") == "on"]
-    assert running, "this host was expected to run a foreign kdamond (see DEVELOPERS.md)"
-    return running[0]
+# advise watches through the passive source here: every test gets the tier's kdamond (the
+# running one, else one started for the session, else a failure with the reason).
+pytestmark = pytest.mark.usefixtures("foreign_kdamond")
 
 
 def kdamond_tree(kd: Path) -> dict[str, str]:
@@ -84,12 +79,12 @@ def by_start(report: dict, start: int) -> dict:
     return found[0]
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare missing")
-@pytest.mark.skipif("[madvise]" not in THP.read_text(),
-                    reason="the THP-always shim needs the host's THP mode madvise")
 def test_advise_on_a_sparse_heap_matches_the_shim_tells_hot_from_cold_and_changes_nothing(
-        ) -> None:
-    kd = foreign_kdamond()
+        foreign_kdamond) -> None:
+    require_thp_mode("madvise", why="the THP-always shim it compares with is THP-always for "
+                     "hosts in THP mode madvise")
+    assert shutil.which("unshare"), "util-linux's unshare is missing (make setup installs it)"
+    kd = foreign_kdamond.dir
     kd_before, thp_before, states_before = kdamond_tree(kd), thp_settings(), kdamond_states()
     p, first = start_hotcold()
     try:

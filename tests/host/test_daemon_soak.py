@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 from daemon_host import MIB
 from daemon_soak import RECORD_LAG_MAX_S, RSS_GROWTH_MAX, Plan, Soak
-from thp_settings import thp_settings
+from thp_settings import require_thp_mode
 
 pytestmark = pytest.mark.usefixtures("foreign_kdamond")  # never a skip: conftest.py
 
@@ -33,9 +33,8 @@ SOAK_S = 100.0
 
 
 def test_daemon_soak_leaks_nothing_and_lets_go_of_exited_processes_at_once(tmp_path) -> None:
-    if "[always]" in thp_settings().get("enabled", ""):
-        pytest.skip("THP `always`: hotcold gets huge pages without the daemon, so the budget "
-                    "check would not be about the daemon")
+    require_thp_mode("madvise", "never", why="under 'always' hotcold gets huge pages without "
+                     "the daemon, so the budget check would not be about the daemon")
     lines: list[str] = []
     res = Soak(Plan(tmp_path, WARMUP_S, SOAK_S, short_per_minute=30, sample_s=2,
                     progress_s=20), say=lines.append).run()

@@ -12,16 +12,17 @@ from pathlib import Path
 
 import pytest
 from damon_hp.experiment import arms
+from thp_settings import require_thp_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "workloads" / "bin"
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
-pytestmark = pytest.mark.skipif(
-    "[madvise]" not in THP.read_text(),
-    reason="the shim is a THP-always for hosts in THP mode madvise; this one is "
-    + THP.read_text().strip(),
-)
+
+
+@pytest.fixture(autouse=True)
+def _madvise_host() -> None:
+    require_thp_mode("madvise", why="the shim is a THP-always for hosts in THP mode madvise")
 
 
 def _anon_huge_kb(argv: list[str], env: dict[str, str]) -> tuple[int, int]:

@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from thp_settings import require_thp_mode
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 SPARSE = WORKLOADS / "bin" / "sparse"
 KIB = 1024
 MIB = 1 << 20
 HUGE = 2 * MIB
-THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,14 +33,6 @@ def built() -> None:
     r = subprocess.run(["make", "-s", "-C", str(WORKLOADS)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.fail(f"make -C workloads failed:\n{r.stdout}{r.stderr}")
-
-
-def thp_mode() -> str | None:
-    """The host's THP mode ("always", "madvise", "never"), None without THP. Read only."""
-    if not THP_ENABLED.exists():
-        return None
-    text = THP_ENABLED.read_text()
-    return text[text.index("[") + 1:text.index("]")]
 
 
 
@@ -130,8 +122,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     ("8M", "4K", 2048),      # stride 4K: dense
 ])
 def test_on_4k_pages_the_sparse_region_holds_one_page_per_stride(start, sparse, stride, touched):
-    if thp_mode() == "always":
-        pytest.skip("THP is 'always' on this host: any fault may take a huge page")
+    require_thp_mode("madvise", "never", why="under 'always' any fault may take a huge page")
     s = start("--hot", "32M", "--cold", "8M", "--sparse", sparse, "--stride", stride)
     info = s.first
     assert set(info) == {"pid", "hot", "cold", "sparse"} and info["pid"] == s.proc.pid
@@ -154,8 +145,7 @@ def test_on_4k_pages_the_sparse_region_holds_one_page_per_stride(start, sparse, 
 
 
 def test_process_rss_is_hot_plus_cold_plus_a_sixteenth_of_the_sparse_region(start):
-    if thp_mode() == "always":
-        pytest.skip("THP is 'always' on this host: any fault may take a huge page")
+    require_thp_mode("madvise", "never", why="under 'always' any fault may take a huge page")
     s = start("--hot", "64M", "--cold", "16M", "--sparse", "1G")
     expected = size_of(s.first["hot"]) + size_of(s.first["cold"]) + size_of(s.first["sparse"]) // 16
     rss = s.rollup_kib("Rss") * KIB
@@ -165,9 +155,8 @@ def test_process_rss_is_hot_plus_cold_plus_a_sixteenth_of_the_sparse_region(star
 
 
 def test_madvise_hugepage_makes_the_sparse_touches_fault_in_whole_huge_pages(start):
-    mode = thp_mode()
-    if mode in (None, "never"):
-        pytest.skip(f"THP is {mode or 'not built'} on this host: MADV_HUGEPAGE gives no huge pages")
+    require_thp_mode("madvise", "always", why="without THP or under 'never' MADV_HUGEPAGE "
+                     "gives no huge pages")
     s = start("--hot", "32M", "--cold", "8M", "--sparse", "512M", "--madvise-hugepage")
     sparse = s.region("sparse")
     assert "hg" in sparse["VmFlags"].split()  # madvised, and before the touches (below)
@@ -183,8 +172,7 @@ def test_madvise_hugepage_makes_the_sparse_touches_fault_in_whole_huge_pages(sta
 
 
 def test_retouch_reads_the_sparse_pages_again_without_making_more_resident(start):
-    if thp_mode() == "always":
-        pytest.skip("THP is 'always' on this host: any fault may take a huge page")
+    require_thp_mode("madvise", "never", why="under 'always' any fault may take a huge page")
     s = start("--hot", "8M", "--cold", "4M", "--sparse", "64M", "--retouch-seconds", "0.05")
     before = kib(s.region("sparse")["Rss"])
     assert before * KIB == 64 * MIB // 16

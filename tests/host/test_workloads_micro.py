@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from thp_settings import require_thp_mode
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 BIN = WORKLOADS / "bin"
 MIB = 1 << 20
 HUGE = 2 * MIB
-THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -209,8 +209,7 @@ def test_gups_does_exactly_the_asked_updates_and_reports_ns_per_update():
 
 
 def test_gups_hugepage_flag_madvises_its_table_and_gets_huge_pages(start):
-    if "[never]" in THP_ENABLED.read_text():
-        pytest.skip("THP is 'never' on this host: MADV_HUGEPAGE cannot give huge pages")
+    require_thp_mode("madvise", "always", why="under 'never' MADV_HUGEPAGE gives no huge pages")
     g = start("gups", "--size", "32M", "--seconds", "0", "--hugepage")
     table = g.first["table"]
     e = smaps_entries(g.proc.pid)[(table["start"], table["end"])]
@@ -234,8 +233,7 @@ def test_gups_without_the_flag_leaves_its_table_unadvised(start):
     ("gups", "--size", "4M"),
 ], ids=["hotcold", "gups"])
 def test_sparse_region_is_its_own_unadvised_mapping_with_one_resident_page_per_stride(start, argv):
-    if "[always]" in THP_ENABLED.read_text():
-        pytest.skip("THP is 'always' on this host: any fault may take a huge page")
+    require_thp_mode("madvise", "never", why="under 'always' any fault may take a huge page")
     w = start(*argv, "--sparse", "10M", "--stride", "128K", "--seconds", "0")
     sparse = w.first["sparse"]
     assert sparse["end"] - sparse["start"] == 10 * MIB and sparse["start"] % HUGE == 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 COUNTERS = {"full_scans", "pages_collapsed"}
 
@@ -20,3 +22,27 @@ def thp_settings() -> dict[str, str]:
         except OSError:
             continue
     return out
+
+
+def thp_mode() -> str | None:
+    """The host's THP mode ("always", "madvise", "never"), None without THP. Read only."""
+    try:
+        text = (THP / "enabled").read_text()
+    except OSError:
+        return None
+    return text[text.index("[") + 1:text.index("]")]
+
+
+def require_thp_mode(*modes: str, why: str) -> None:
+    """Fail, naming the mode and why, unless the host's THP mode is one of `modes`.
+
+    Never a skip (tests/README.md): on a machine set up by `make setup` every host test runs.
+    Neither the tests nor damon-hp change the global mode on a host (the brief forbids it); a
+    test that cannot show its behaviour under this mode says so as a failure instead.
+    """
+    mode = thp_mode()
+    if mode not in modes:
+        pytest.fail(f"this test needs the host's THP mode to be {' or '.join(modes)} ({why}); "
+                    f"this host's is {mode or 'absent (no THP)'}. damon-hp and its tests never "
+                    f"change it: set it yourself (Debian's default is madvise) or run on a host "
+                    f"that has it", pytrace=False)
