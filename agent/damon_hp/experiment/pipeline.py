@@ -112,7 +112,7 @@ def run_in_vm(exp: spec.Experiment, out: Path, vm_memory: str) -> Outcome:
     try:
         result = testvm.run_in_vm(cmd, memory=vm_memory, timeout_s=None, stdout=sys.stderr,
                                   stderr=sys.stderr, run_dir=run_dir)
-    except (KeyboardInterrupt, testvm._Terminated):  # Ctrl-C or SIGTERM: the VM is gone
+    except (KeyboardInterrupt, testvm.VmTerminated):  # Ctrl-C or SIGTERM: the VM is gone
         interrupted = True
         result = None
     finally:
