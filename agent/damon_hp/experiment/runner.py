@@ -33,6 +33,7 @@ from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.experiment import arms, launch, workloads
 from damon_hp.experiment.apps import preflight
+from damon_hp.experiment.cellkind import CellKind
 from damon_hp.experiment.context import ERROR, Context, group_key, is_done
 from damon_hp.experiment.environment import in_vm, pmu_available
 from damon_hp.experiment.interrupts import deferred_interrupts, sigterm_as_interrupt
@@ -247,21 +248,28 @@ def run_cell(ctx: Context, cell: Cell) -> RunResult:
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=state.notes,
     )
     try:
-        if cell.workload.app:
-            from damon_hp.experiment.apps import cell as app_cell
-
-            result.mechanism = app_cell.mechanism(cell.arm)
-            app_cell.execute(ctx, cell, state, result)
-        else:
-            _execute(ctx, cell, arm, state, result)
+        kind = _kind_of(cell)
+        result.mechanism = kind.mechanism(cell, vm, options)
+        kind.execute(ctx, cell, state, result)
     except (DamonHpError, OSError) as e:
         result.status = ERROR
         state.notes.append(str(e))
     return result
 
 
-def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
-             result: RunResult) -> None:
+def _kind_of(cell: Cell) -> CellKind:
+    if cell.workload.app:
+        # imported on use: the app layer (servers, clients, their packages' checks) is needed
+        # only by experiments that run apps
+        from damon_hp.experiment.apps.cell import APP
+
+        return APP
+    return PROGRAM
+
+
+def _execute(ctx: Context, cell: Cell, state: arms.RunState, result: RunResult) -> None:
+    """Run a program of workloads/ to completion under its arm (the PROGRAM kind)."""
+    arm = arms.make(cell.arm)
     vm, rundir = ctx.vm, state.rundir
     cmd = workloads.resolve(cell.workload, cell.threads, cell.arm, rundir / "work")
     memory_max = None
@@ -419,6 +427,11 @@ def _execute(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,
         state.notes.append(f"exit code {code}: " + " / ".join(tail))
     else:
         result.status = OK
+
+
+PROGRAM = CellKind("program",
+                   lambda cell, vm, options: arms.make(cell.arm).mechanism(vm, options),
+                   _execute)
 
 
 def _watch(ctx: Context, cell: Cell, arm: arms.Arm, state: arms.RunState,

@@ -32,6 +32,7 @@ from damon_hp.damon.status import running_kdamond_pids as kdamond_pids
 from damon_hp.errors import DamonHpError
 from damon_hp.experiment import arms
 from damon_hp.experiment.apps import APP_CLASSES, params_of, skew
+from damon_hp.experiment.cellkind import CellKind
 from damon_hp.experiment.interrupts import deferred_interrupts
 from damon_hp.experiment.measure import Sampler, cpu_times, steal_fraction
 from damon_hp.experiment.spec import Cell
@@ -296,3 +297,7 @@ def _agent_collapses(state: arms.RunState, result: RunResult) -> None:
                                   "seconds": c.get("seconds"), "cpu_s": c.get("cpu_seconds")}
     source = summary.get("source")
     result.app["agent_source"] = source.get("name") if isinstance(source, dict) else source
+
+
+# The app kind of cell: what its arm does does not depend on the VM (apps run on the host)
+APP = CellKind("app", lambda cell, _vm, _options: mechanism(cell.arm), execute)
