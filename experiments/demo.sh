@@ -24,7 +24,7 @@ fi
 cat <<MSG
 
 == DAMON on this machine cannot be used by damon-hp (doctor exit $rc, reasons above).
-== Running the same job in the test VM instead: the pinned Debian 6.12 kernel under QEMU (TCG,
+== Running the same job in the test VM instead: the main pinned kernel (Debian's 7.3) under QEMU (TCG,
 == ~25x slower than native), THP set to 'never' inside the VM so every huge page you see there
 == was made by damon-hp. The VM boots in about 15-30 s.
 MSG

@@ -12,6 +12,7 @@ from damon_hp.actuate import COLLAPSE_WITH
 from damon_hp.damon.model import Intervals
 from damon_hp.damon.sources import SourceRequest, parse_source
 from damon_hp.errors import EnvironmentProblem
+from damon_hp.pipeline import PHYSICAL_MIN_ACCESSES
 
 # Monitoring defaults. DAMON samples one 4 KiB page per region per sampling interval and calls
 # the region accessed when that page's accessed bit was set since the previous sample. A large
@@ -187,7 +188,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                      default=d.promote_min_accesses, metavar="N",
                      help="sampled accesses DAMON must have seen of a range over its streak "
                      f"(default {d.promote_min_accesses:g}; physical sources use at least "
-                     "6: their regions mix frames of hot and cold pages)")
+                     f"{PHYSICAL_MIN_ACCESSES:g}: their regions mix frames of hot and cold "
+                     "pages)")
     pol.add_argument("--promote-pct", type=float, default=None, metavar="PCT",
                      help="... at this share of the samples DAMON took (default: --hot-pct; "
                      "physical sources use at least 30)")

@@ -1,4 +1,4 @@
-/* Shared helpers of the ground-truth microbenchmarks (hotcold, phases, gups).
+/* Shared helpers of the ground-truth microbenchmarks (hotcold, phases, gups, sparse).
  * Header-only so that each benchmark stays a single translation unit. */
 #ifndef MICROBENCH_H
 #define MICROBENCH_H

@@ -2,10 +2,11 @@
 
 A long-running service (also installed as `damon-hpd`; systemd unit in packaging/). It scans
 /proc every few seconds for processes its rules select (executable, command-line pattern,
-cgroup v2 path or systemd unit, user; exclude rules win), reads one machine-wide physical
-DAMON stream (our paddr kdamond where DAMON is free, else a foreign paddr kdamond's events,
-read passively), maps it back onto each process and runs the same policy on each. Ranges of all
-processes compete for the budget by expected benefit (access frequency x hot span size).
+cgroup v2 path or systemd unit, user; exclude rules win), watches them through one access
+stream for all (config `source`; `auto` tries, in order, one vaddr kdamond of ours with a target
+per process, one paddr kdamond of ours mapped back onto each process, a foreign kdamond's
+events read passively) and runs the same policy on each. Ranges of all processes compete for
+the budget by expected benefit (access frequency x hot span size).
 
 Signals: SIGHUP reloads the config (a bad one is refused with its line; the old one keeps
 running); SIGTERM or SIGINT stop it, leaving no tracefs instance, no kdamond and no status

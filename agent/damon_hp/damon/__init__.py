@@ -8,6 +8,7 @@ One module per job:
     module_pause.py  pausing DAMON_STAT for one run, on explicit request only
     placement.py     pure: where a new kdamond of ours may go, or every reason it may not
     kdamond.py       kdamonds we start: start (vaddr, paddr), schemes, tried-regions, stop
+    schemes.py       how a DAMOS Scheme becomes sysfs writes (kdamond.py calls it)
     ownership.py     records that prove a kdamond ours
     events.py        the damon_aggregated event stream of any kdamond, as whole snapshots
     event_lines.py   pure: one trace_pipe line -> one event
