@@ -29,7 +29,7 @@ from damon_hp.frames import (
     read_range,
     scan_present,
 )
-from damon_hp.procfs import open_pagemap, read_stat
+from damon_hp.procfs import PAGE_IS_HUGE, open_pagemap, read_stat
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES
 
 # Re-read every frame at least this often even when nothing says one moved: a bound on how long
@@ -60,7 +60,8 @@ class FrameReader:
 
     When the counters moved since the last read, any kept window may be stale. `eager` (a
     source that can demote: an idle reading of a stale window could split a hot huge page)
-    then reads everything again. Otherwise the kept windows are only noted as unverified, and
+    then reads everything again. Otherwise the kept windows, less those PMD-mapped (nothing is
+    done with a huge range by a source that cannot demote), are only noted as unverified, and
     the caller re-reads those whose reading can lead to an action with `verify` before it
     acts (pipeline.Observer: the windows that read hot). The machine-wide
     counters move whenever any process compacts or migrates, and our own collapses compact:
@@ -101,7 +102,11 @@ class FrameReader:
             if full:
                 self.unverified.clear()
             elif moves != self._moves:
-                self.unverified.update(_windows_of(known.values()))
+                # Windows PMD-mapped now are left out: a source that cannot demote never acts
+                # on a huge range (nothing to collapse), so a stale reading of one misleads no
+                # action, and re-reading the promoted hot set after every compaction was most
+                # of what `verify` read.
+                self.unverified.update(_windows_of(known.values()) - _huge_windows(present))
             fresh: dict[tuple[int, int], tuple[tuple, list[FrameRun], Extents | None]] = {}
             for i, rng in enumerate(wanted):
                 stretches = present[i] if present is not None else None
@@ -208,6 +213,18 @@ def _windows_of(kept: Iterable[tuple[tuple, list[FrameRun], Extents | None]]) ->
     for stretches, _, _ in kept:
         for lo, hi, _ in stretches or ():
             out.update(range(lo - lo % HUGE_PAGE_BYTES, hi, HUGE_PAGE_BYTES))
+    return out
+
+
+def _huge_windows(present: Sequence[Sequence[tuple[int, int, int]]] | None) -> set[int]:
+    """The 2 MiB windows wholly PMD-mapped, from PAGEMAP_SCAN's stretches (start, end,
+    categories); a PMD mapping always covers a whole aligned window."""
+    out: set[int] = set()
+    for stretches in present or ():
+        for lo, hi, categories in stretches:
+            if categories & PAGE_IS_HUGE:
+                first = lo + (-lo) % HUGE_PAGE_BYTES
+                out.update(range(first, hi - HUGE_PAGE_BYTES + 1, HUGE_PAGE_BYTES))
     return out
 
 

@@ -8,6 +8,7 @@ pages (MADV_DONTNEED: fewer present, no fault).
 A lazy reader (a source that cannot demote) keeps windows whose frames may have moved: the
 pipeline's observation reads such a window again whenever it reads hot, so its map equals one
 made from a fresh read, while a window that reads idle may stay stale until the next full read.
+A PMD-mapped window is never noted: nothing is done with a huge range by such a source.
 """
 
 from __future__ import annotations
@@ -124,6 +125,9 @@ def test_a_lazy_observer_reads_a_moved_window_again_once_it_reads_hot(spare_chil
     proc, layout = spare_child
     pid, start = layout["pid"], layout["start"]
     window = start + 2 * HUGE
+    # A window made huge before the first look: PMD-mapped, so never noted unverified (a
+    # source that cannot demote has nothing to do with a huge range).
+    assert madvise(proc, start, HUGE, MADV_COLLAPSE) == "ok"
     files = ProcessFiles(pid)
     try:
         obs = Observer(files, physical=True, can_demote=False)
@@ -139,6 +143,8 @@ def test_a_lazy_observer_reads_a_moved_window_again_once_it_reads_hot(spare_chil
         # Nothing accessed: the moved window is kept as it was read, and noted unverified.
         obs.observe(physical(first, fresh, scale=0))
         assert window in obs.frames.unverified
+        assert start not in obs.frames.unverified, "a PMD-mapped window noted unverified"
+        assert start + HUGE in obs.frames.unverified  # a 4 KiB neighbour still is
         assert obs.frames.windows_verified == 0
 
         # Every frame accessed (old and new ones): the window reads hot, so it is read again
