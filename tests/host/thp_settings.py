@@ -1,5 +1,6 @@
 """The host's global THP and khugepaged settings, for tests that prove damon-hp leaves them
-alone. khugepaged's counters (full_scans, pages_collapsed) move by themselves and are left out.
+alone (khugepaged's counters, full_scans and pages_collapsed, move by themselves and are left
+out), and `require_thp_mode` for tests that can only show their behaviour under some modes.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from damon_hp import procfs
 
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 COUNTERS = {"full_scans", "pages_collapsed"}
@@ -24,15 +26,6 @@ def thp_settings() -> dict[str, str]:
     return out
 
 
-def thp_mode() -> str | None:
-    """The host's THP mode ("always", "madvise", "never"), None without THP. Read only."""
-    try:
-        text = (THP / "enabled").read_text()
-    except OSError:
-        return None
-    return text[text.index("[") + 1:text.index("]")]
-
-
 def require_thp_mode(*modes: str, why: str) -> None:
     """Fail, naming the mode and why, unless the host's THP mode is one of `modes`.
 
@@ -40,9 +33,9 @@ def require_thp_mode(*modes: str, why: str) -> None:
     Neither the tests nor damon-hp change the global mode on a host (the brief forbids it); a
     test that cannot show its behaviour under this mode says so as a failure instead.
     """
-    mode = thp_mode()
+    mode = procfs.thp_mode()
     if mode not in modes:
         pytest.fail(f"this test needs the host's THP mode to be {' or '.join(modes)} ({why}); "
-                    f"this host's is {mode or 'absent (no THP)'}. damon-hp and its tests never "
+                    f"this host's is {mode}. damon-hp and its tests never "
                     f"change it: set it yourself (Debian's default is madvise) or run on a host "
                     f"that has it", pytrace=False)

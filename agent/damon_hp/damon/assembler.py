@@ -48,9 +48,8 @@ class SnapshotAssembler:
     (target_id, event time) for a kdamond whose targets change while it runs (targets.py).
     Events of a target_id without a pid are ignored.
 
-    space: what the snapshots' regions are (model.VIRTUAL or model.PHYSICAL); by default
-    physical where every target's pid is 0 (a paddr kdamond's, which has no process), else
-    virtual.
+    The snapshots are physical (model.PHYSICAL) where every target's pid is 0 (a paddr
+    kdamond's, which has no process), else virtual.
     """
 
     def __init__(
@@ -60,14 +59,13 @@ class SnapshotAssembler:
         aggr_us: int,
         target_pids: TargetPids = 0,
         clock: Callable[[], float] | None = time.monotonic,
-        space: str | None = None,
     ) -> None:
         if not 0 < sample_us <= aggr_us:
             raise ValueError(f"need 0 < sample_us ({sample_us}) <= aggr_us ({aggr_us})")
         self.sample_us = sample_us
         self.aggr_us = aggr_us
         self._target_pids = target_pids
-        self.space = space or (PHYSICAL if target_pids == 0 else VIRTUAL)
+        self.space = PHYSICAL if target_pids == 0 else VIRTUAL
         self._clock = clock
         self._groups: dict[int, _Group] = {}
         # Within a burst events are microseconds apart; bursts are an aggregation apart.

@@ -233,7 +233,7 @@ def _close_quietly(fd: int) -> None:
 
 def run_cell(ctx: Context, cell: Cell) -> RunResult:
     exp, vm = ctx.exp, ctx.vm
-    arm = arms.make(cell.arm)
+    kind = _kind_of(cell)
     options = exp.options(cell.arm)
     rundir = ctx.out / "runs" / cell.id
     if rundir.exists():
@@ -244,12 +244,10 @@ def run_cell(ctx: Context, cell: Cell) -> RunResult:
         cell_id=cell.id, workload=cell.workload.name,
         program=workloads.program_for(cell.workload, cell.arm), input=cell.workload.input,
         threads=cell.threads, arm=cell.arm, memory=cell.memory, rep=cell.rep,
-        where="vm" if vm else "host", mechanism=arm.mechanism(vm, options),
+        where="vm" if vm else "host", mechanism=kind.mechanism(cell, vm, options),
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), notes=state.notes,
     )
     try:
-        kind = _kind_of(cell)
-        result.mechanism = kind.mechanism(cell, vm, options)
         kind.execute(ctx, cell, state, result)
     except (DamonHpError, OSError) as e:
         result.status = ERROR
