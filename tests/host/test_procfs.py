@@ -48,6 +48,39 @@ def test_file_mappings_are_not_anonymous_private(child) -> None:
     assert python_text and not any(m.anonymous_private for m in python_text)
 
 
+def test_a_prot_none_reservation_is_not_watched_and_its_usable_part_is() -> None:
+    """A server-style reservation: 1 TiB PROT_NONE, the first 8 MiB of it made usable and
+    written. Only the usable part is memory a collapse can back (and worth counting)."""
+    code = ("import ctypes, mmap, sys\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "libc.mmap.restype = ctypes.c_void_p\n"
+            "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,"
+            " ctypes.c_int, ctypes.c_long]\n"
+            "size = 1 << 40\n"
+            # PROT_NONE private memory is not committed (no overcommit charge)
+            "base = libc.mmap(None, size, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)\n"
+            "assert base not in (None, ctypes.c_void_p(-1).value)\n"
+            "assert libc.mprotect(ctypes.c_void_p(base), 8 << 20, 3) == 0\n"
+            "ctypes.memset(base, 1, 8 << 20)\n"
+            "print(base, size, flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        base, size = map(int, proc.stdout.readline().split())
+        maps = procfs.read_maps(proc.pid)
+        usable = next(m for m in maps if m.start == base)
+        reserved = next(m for m in maps if m.start == base + (8 << 20))
+        assert usable.perms.startswith("rw") and usable.end == reserved.start
+        assert reserved.perms == "---p" and reserved.end == base + size
+        assert usable.anonymous_private and not reserved.anonymous_private
+        watched = [m.range for m in maps if m.anonymous_private]
+        assert not any(r.start < reserved.end and reserved.start < r.end for r in watched)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
 def test_rollup_and_status_agree_on_resident_memory_after_collapse(child) -> None:
     with actuate.Target.open(child["pid"]) as target:
         actuate.collapse(target, range(child["start"], child["end"], HUGE_PAGE_BYTES))
