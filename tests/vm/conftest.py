@@ -230,9 +230,11 @@ class VmTier:
                 if _is_vm_item(it) and _item_kernel(it) == self.kernel.name]
 
     def inside_args(self, run_dir: Path) -> list[str]:
-        # Exact nodeids, so -k, -m and file selections on the host select inside too.
+        # Exact nodeids, so -k, -m and file selections on the host select inside too; the
+        # plan goes along, or the guest would parametrize by its default plan and not find a
+        # test id of another one (`test_x[k7.3]` of the full plan).
         return [
-            "env", f"{RESULTS_ENV}={run_dir / 'results.jsonl'}",
+            "env", f"{RESULTS_ENV}={run_dir / 'results.jsonl'}", f"DAMON_HP_VM_PLAN={VM_PLAN}",
             str(testvm.VENV_BIN / "pytest"), "-p", "no:cacheprovider", "-v", "-ra",
             f"--junitxml={run_dir / 'junit.xml'}", *self.selected_nodeids(),
         ]

@@ -251,6 +251,9 @@ class OwnedKdamond:
         io.write(tdir / "nr_targets", len(pids))
         for i, pid in enumerate(pids):
             io.write(tdir / f"{i}/pid_target", pid)
+        # The dir holds these now, committed or not: stop() clears a dir only while it holds
+        # what we wrote (7.3's refused commit leaves them written; seen in the vm tier).
+        self.target_pids = pids
         written = time.monotonic()
         try:
             self._state("commit")
@@ -268,7 +271,6 @@ class OwnedKdamond:
             raise KdamondStopped(f"damon-hp: kdamond {self.index} stopped when given targets "
                                  f"{list(pids)} (one had exited, probably)") from e
         settled = time.monotonic()
-        self.target_pids = pids
         self.target_pid = pids[0]
         if not self.is_running():
             raise KdamondStopped(f"damon-hp: kdamond {self.index} stopped when given targets "
