@@ -69,6 +69,19 @@ def test_hot_region_straddling_mappings_counts_only_for_one_holding_nearly_all_o
     assert d.hot_ranges == tuple(range(BASE + 3 * H, BASE + 40 * H, H))
 
 
+def test_a_region_mostly_idle_whose_few_hits_its_busy_slice_explains_is_no_evidence() -> None:
+    # 37 of 40 ranges idle, 3 in a busy buffer (7.5 %): 1 or 2 hits of 20 (5-10 %) are the
+    # busy slice's, and the idle part must not read hot for them (seen on 7.3 at attach).
+    busy, idle = AddrRange(BASE, BASE + 3 * H), AddrRange(BASE + 3 * H, BASE + 40 * H)
+    for hits in (1, 2, 4):
+        d, _ = decide(snap(0.0, (0, 40 * H, hits)), PolicyState(), PARAMS,
+                      mappings=[busy, idle])
+        assert d.hot_ranges == (), hits
+    # Half the samples hit: more than the slice could draw, so the idle buffer's part is busy.
+    d, _ = decide(snap(0.0, (0, 40 * H, 10)), PolicyState(), PARAMS, mappings=[busy, idle])
+    assert d.hot_ranges == tuple(range(idle.start, idle.end, H))
+
+
 def test_hot_region_outside_every_mapping_yields_nothing() -> None:
     s = snap(0.0, (0, 4 * H, 20))
     d, _ = decide(s, PolicyState(), PARAMS, mappings=[AddrRange(BASE + 8 * H, BASE + 9 * H)])
