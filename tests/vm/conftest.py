@@ -72,6 +72,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "main_kernel: the test needs what only the main kernel (7.3) has (DAMOS "
         "collapse, DAMON_STAT); it runs there in every plan")
+    config.addinivalue_line(
+        "markers", "lts_only(reason): the test runs on the lts kernel (6.12) in every plan, "
+        "for the reason given")
 
 
 def _kernel_param_id(name: str) -> str:
@@ -91,6 +94,8 @@ def _kernels_for(definition: pytest.Function) -> list[str]:
     lts = [n for n in testvm.PIN_FILES if n != testvm.MAIN_KERNEL]
     needs_main = (definition.get_closest_marker("damon_stat_on")
                   or definition.get_closest_marker("main_kernel"))
+    if definition.get_closest_marker("lts_only"):
+        return lts
     if VM_PLAN == "full":
         return [testvm.MAIN_KERNEL] + (lts if definition.get_closest_marker("both_kernels")
                                        else [])
