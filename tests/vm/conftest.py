@@ -349,12 +349,6 @@ def pytest_runtest_setup(item: pytest.Item):
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     """Main-kernel vm tests first, then the lts ones: each VM boots once and its tests report
-    together (a stable sort keeps every other order). Within a kernel, the tests that read
-    DAMON_STAT's kdamond (`damon_stat_on`) come first, on the freshly booted guest as a user's
-    machine has it: a physical source reads a process only as well as its frames cluster, and
-    after the tier's other tests the guest's free memory is scattered (a fresh-clone run of the
-    full plan, 2026-11-26: DAMON_STAT's regions showed the hot buffer half huge after 300 s,
-    where it passed in 66 s as the 21st test of another run)."""
+    together (a stable sort keeps every other order)."""
     order = {name: i for i, name in enumerate(testvm.PIN_FILES)}
-    items.sort(key=lambda it: (order[_item_kernel(it)], it.get_closest_marker("damon_stat_on")
-                               is None) if _is_vm_item(it) else (-1, False))
+    items.sort(key=lambda it: order[_item_kernel(it)] if _is_vm_item(it) else -1)
