@@ -87,17 +87,25 @@ def range_heat(snapshot: SnapshotLike, starts: Iterable[int]) -> dict[int, Range
     return heat
 
 
-def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[AddrRange]:
-    """Regions that pass both the access-frequency and the age threshold."""
+def hot_region_readings(snapshot: SnapshotLike,
+                        params: PolicyParams) -> list[tuple[AddrRange, float]]:
+    """Regions that pass both the access-frequency and the age threshold, sorted, each with
+    its access frequency (percent of the snapshot's samples)."""
     max_acc = snapshot.max_nr_accesses
     aggr_s = snapshot.aggr_us / 1e6
+    readings = ((r, access_pct(r.nr_accesses, max_acc)) for r in snapshot.regions)
     return sorted(
-        AddrRange(r.start, r.end)
-        for r in snapshot.regions
-        if access_pct(r.nr_accesses, max_acc) >= params.hot_access_pct
+        (AddrRange(r.start, r.end), pct)
+        for r, pct in readings
+        if pct >= params.hot_access_pct
         and r.age * aggr_s >= params.min_hot_age_s
         and r.end > r.start
     )
+
+
+def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[AddrRange]:
+    """Regions that pass both the access-frequency and the age threshold."""
+    return [r for r, _ in hot_region_readings(snapshot, params)]
 
 
 # How many times the share of a region outside its dominant mapping its reading must exceed
@@ -108,7 +116,7 @@ REST_MARGIN = 3.0
 
 
 def dominant_part(region: AddrRange, mappings: Sequence[AddrRange],
-                  share_pct: float, accessed_pct: float = 100.0) -> AddrRange | None:
+                  share_pct: float, accessed_pct: float) -> AddrRange | None:
     """The part of `region` inside the mapping holding at least `share_pct` of it, or None
     (`mappings` sorted and disjoint). None too when the region's reading (`accessed_pct` of
     DAMON's samples) is no more than REST_MARGIN times the share of it outside that part: the
@@ -152,19 +160,16 @@ class HotSet:
 
 def hot_set(snapshot: SnapshotLike, params: PolicyParams,
             mappings: Sequence[AddrRange] | None) -> HotSet:
-    regions = hot_regions(snapshot, params)
+    readings = hot_region_readings(snapshot, params)
+    regions = [r for r, _ in readings]
     if mappings is None:
         spans = merge_adjacent(regions)
     else:
         maps = sorted(mappings)
-        max_acc = snapshot.max_nr_accesses
-        reading = {(r.start, r.end): access_pct(r.nr_accesses, max_acc)
-                   for r in snapshot.regions}
         # A region that straddles mappings counts only for one holding nearly all of it, and
         # only when the rest cannot explain its reading; mappings are not merged: a huge page
         # cannot cross a VMA boundary.
-        owned = (dominant_part(r, maps, params.mapping_share_pct,
-                               reading.get((r.start, r.end), 100.0)) for r in regions)
+        owned = (dominant_part(r, maps, params.mapping_share_pct, pct) for r, pct in readings)
         spans = [s for s in intersect(merge_adjacent(p for p in owned if p is not None), maps)
                  if s.size > 0]
     ranges: list[int] = []
