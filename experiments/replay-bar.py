@@ -71,18 +71,34 @@ def promoted(snaps: list[Snapshot], params: PolicyParams,
     return out
 
 
+def bar_arg(text: str) -> tuple[float, float]:
+    try:
+        accesses, pct = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not ACCESSES:PCT (sampled accesses, then percent of samples; the "
+            "physical default is 8:30)") from None
+    if accesses < 0 or not 0 <= pct <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: accesses must be >= 0, PCT within 0..100")
+    return accesses, pct
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("recordings", nargs="+", type=Path)
-    ap.add_argument("--bar", action="append", required=True, metavar="ACCESSES:PCT",
+    ap.add_argument("--bar", action="append", required=True, metavar="ACCESSES:PCT", type=bar_arg,
                     help="promotion evidence to replay with (repeat for several)")
     ap.add_argument("--physical", action="store_true",
                     help="the physical sources' rule (no age seed, no demotion)")
     args = ap.parse_args()
     base = params_for_source(PolicyParams(), physical=args.physical, can_demote=False)
+    missing = [p for p in args.recordings if not p.is_file()]
+    if missing:
+        ap.error(f"no such recording: {', '.join(map(str, missing))} (damon-hp run --record "
+                 "writes one)")
     recs = {p: load(p) for p in args.recordings}
-    for bar in args.bar:
-        accesses, pct = (float(x) for x in bar.split(":"))
+    for accesses, pct in args.bar:
+        bar = f"{accesses:g}:{pct:g}"
         params = dataclasses.replace(base, promote_min_accesses=accesses,
                                      promote_access_pct=pct)
         for path, (snaps, truth) in recs.items():
