@@ -158,12 +158,13 @@ class AggregatedEventStream:
     sample_us, aggr_us: the kdamond's intervals (its sysfs monitoring_attrs, read by the
     caller); they go into every Snapshot. target_pids: see SnapshotAssembler. max_nr_regions:
     the kdamond's nr_regions/max, to size the buffer. on_line: called with every trace_pipe
-    line read (to record fixtures). follow_tuning: for a kdamond whose intervals auto-tune and
-    that we do not own (a DAMON module's), also read its `damon_monitor_intervals_tune` events
-    and carry the new intervals into later snapshots (`follows_tuning` says whether this kernel
-    has that event). The instance is created on enter (or `open()`) and always
-    removed by `close()`, which the context manager calls on any exit; `remove_stale_instances`
-    cleans up after processes that could not (call it at start-up).
+    line read (to record fixtures). follow_tuning: for a kdamond whose intervals auto-tune (a
+    DAMON module's, or ours started with an intervals goal), also read its
+    `damon_monitor_intervals_tune` events and carry the new intervals into later snapshots
+    (`follows_tuning` says whether this kernel has that event). The instance is created on
+    enter (or `open()`) and always removed by `close()`, which the context manager calls on
+    any exit; `remove_stale_instances` cleans up after processes that could not (call it at
+    start-up).
     """
 
     def __init__(

@@ -128,19 +128,33 @@ class VaddrSource(_Base):
 
     def __init__(self, kd: OwnedKdamond, reason: str, stream: events.AggregatedEventStream | None,
                  stream_error: str | None) -> None:
-        reader = "event stream" if stream is not None else "tried_regions"
+        # An auto-tuned kdamond's events are read right only while its tuning is followed
+        # (damon_monitor_intervals_tune, 6.17+); without that event, tried_regions it is.
+        self.use_stream = stream is not None and (not kd.autotuned or stream.follows_tuning)
+        reader = "event stream" if self.use_stream else "tried_regions"
         limits = []
         if stream is None:
             limits.append(f"event stream unavailable ({stream_error}); reading tried_regions, "
                           "which costs a sysfs read per region")
+        elif not self.use_stream:
+            limits.append("intervals auto-tune and this kernel has no "
+                          "damon_monitor_intervals_tune event: reading tried_regions, which "
+                          "costs a sysfs read per region")
         super().__init__("vaddr", reason, f"kdamond {kd.index} (ours)", kd.kdamond_pid,
                          kd.intervals.sample_us, kd.intervals.aggr_us, reader, limits, kd)
         self.kd = kd
         self.stream = stream
 
     def snapshot(self) -> Snapshot | None:
-        if self.stream is None or self.kd.autotuned:
+        # Events rather than tried_regions whenever they can be read right: since 6.14 DAMON
+        # sysfs holds its lock (damon_sysfs_lock, which every sysfs file only try-locks)
+        # while a tried-regions update waits for the kdamond's next scheme pass (damos_walk),
+        # so snapshots back to back would answer EBUSY to every other DAMON sysfs reader
+        # (`damon-hp status`, damo) for as long as the agent runs.
+        if self.stream is None or not self.use_stream:
             return self.kd.snapshot()
+        tuned = self.stream.assembler
+        self.sample_us, self.aggr_us = tuned.sample_us, tuned.aggr_us
         snap = self.stream.latest_snapshot(timeout_s=2 * self.aggr_us / 1e6 + 1.0)
         if snap is None and not self.kd.is_running():
             raise KdamondStopped(f"damon-hp: kdamond {self.kd.index} stopped")
@@ -233,7 +247,7 @@ def _open_vaddr(pid: int, mon: MonitorSettings, reason: str) -> VaddrSource:
         stream = events.AggregatedEventStream(
             kd.kdamond_pid or 0, sample_us=mon.intervals.sample_us,
             aggr_us=mon.intervals.aggr_us, target_pids=pid,
-            max_nr_regions=mon.max_nr_regions).open()
+            max_nr_regions=mon.max_nr_regions, follow_tuning=kd.autotuned).open()
     except DamonHpError as e:
         err = str(e).removeprefix("damon-hp: ")
     except BaseException:
