@@ -23,7 +23,7 @@ from damon_hp import actuate, policy, procfs, stagecpu
 from damon_hp.damon import revmap
 from damon_hp.damon.model import Snapshot
 from damon_hp.frame_reader import FrameReader
-from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
+from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, intersect, merge_adjacent, subtract
 
 # A physical (reverse-mapped) source's regions mix frames of many virtual ranges and of every
 # process, so a cold range reads somewhat accessed whenever its frames share a region with busy
@@ -53,21 +53,77 @@ def params_for_source(params: policy.PolicyParams, *, physical: bool,
 
 
 class FirstTouch:
-    """Which 2 MiB ranges gained resident pages since the last look.
+    """Which 2 MiB ranges may have gained resident pages during an aggregation.
 
-    A page being faulted in reads as accessed in the aggregation of its fault (the fault sets
-    the PTE's accessed bit, which DAMON samples), so a buffer written once reads hot once. The
-    first look is at the pipeline's start (before the first aggregation arrives), so a process
-    that is not growing is judged from its first aggregation.
+    A page being faulted in reads as accessed if DAMON samples it in the interval of its fault
+    (DAMON clears the sampled page's accessed bit, then reads it one sample later, so older
+    bits never count; the fault sets it), so a buffer written once reads hot once. We count
+    resident pages at each look, after its aggregation has closed: growth seen at the previous
+    look may have happened between that aggregation's close and the look, inside the
+    aggregation read now. Those ranges are withheld once more when that lag held at least one
+    sample interval (a fault in it could have been sampled) and the look came after this
+    aggregation began (it did unless the agent skipped aggregations). Without that carry, in
+    the 7.3 test VM (20 ms samples, looks 0.1-0.5 s late) the aggregation right after hotcold's
+    fill read 140-148 MiB hot that no look had seen grow; a passive source (500 ms samples,
+    5 s aggregations) carries only after a slow look, not one aggregation per growth.
+    The first look is at the pipeline's start (before the first aggregation arrives), so a
+    process that is not growing is judged from its first aggregation.
     """
 
     def __init__(self, baseline: Mapping[int, int]) -> None:
         self._last = dict(baseline)
+        self._grown: frozenset[int] = frozenset()
+        self._looked_at_s = float("-inf")
+        self._lag_s = 0.0
 
-    def update(self, counts: Mapping[int, int]) -> frozenset[int]:
+    def update(self, counts: Mapping[int, int], snap: Snapshot | None = None,
+               looked_at_s: float | None = None) -> frozenset[int]:
+        """The ranges to withhold from `snap`'s reading, given resident `counts` read at
+        `looked_at_s` (the clock of snapshot times); without times, growth since the last look
+        only."""
         grown = frozenset(s for s, n in counts.items() if n > self._last.get(s, 0))
-        self._last = dict(counts)
-        return grown
+        carried: frozenset[int] = frozenset()
+        if snap is not None and looked_at_s is not None:
+            if (self._lag_s >= snap.sample_us / 1e6
+                    and self._looked_at_s > aggregation_start_s(snap)):
+                carried = self._grown
+            self._looked_at_s, self._lag_s = looked_at_s, looked_at_s - snap.taken_at_s
+        self._last, self._grown = dict(counts), grown
+        return grown | carried
+
+
+class NewCoverage:
+    """The 2 MiB windows of the target's mappings that the kdamond's regions cover now and did
+    not cover at the previous snapshot (vaddr sources).
+
+    DAMON vaddr regions cover the address space as it was at the last regions update
+    (update_us); memory mapped beyond it joins them at the next update, inside an aggregation
+    whose reading of it is unreliable: in the 7.3 test VM, hotcold's 96 MiB cold buffer,
+    written once and idle for a second, read 10-25 % (and once all of it hot) in the first
+    aggregation that covered it, then 0 %. The first snapshot counts as covering nothing new:
+    a kdamond sets its regions before its first sample.
+    """
+
+    def __init__(self) -> None:
+        self._covered: list[AddrRange] | None = None
+
+    def update(self, snap: Snapshot, mappings: list[AddrRange]) -> frozenset[int]:
+        covered = merge_adjacent(AddrRange(r.start, r.end) for r in snap.regions)
+        before, self._covered = self._covered, covered
+        if before is None:
+            return frozenset()
+        out: set[int] = set()
+        for piece in intersect(subtract(covered, before), mappings):
+            out.update(range(piece.start - piece.start % HUGE_PAGE_BYTES, piece.end,
+                             HUGE_PAGE_BYTES))
+        return frozenset(out)
+
+
+def aggregation_start_s(snap: Snapshot) -> float:
+    """When the snapshot's aggregation began, at the latest: its time is the aggregation's end
+    (events) or a little after it (a tried-regions read), so half an aggregation more is
+    taken off, which errs towards withholding."""
+    return snap.taken_at_s - 1.5 * snap.aggr_us / 1e6
 
 
 @dataclass(frozen=True)
@@ -119,6 +175,7 @@ class Observer:
         except (procfs.ProcessGone, procfs.PagemapScanUnsupported, OSError):
             baseline = {}
         self.first_touch = FirstTouch(baseline)
+        self.new_coverage = None if physical else NewCoverage()
 
     def observe(self, snap: Snapshot) -> Observation:
         """The process's picture of this aggregation. Raises procfs.ProcessGone (or
@@ -135,7 +192,11 @@ class Observer:
             if mapped.resident_pages:
                 share = mapped.monitored_pages / mapped.resident_pages
             virt, counts = mapped.snapshot, _window_counts(mapped.ranges)
-        virt = dataclasses.replace(virt, unsteady=self.first_touch.update(counts))
+        # Snapshot times are CLOCK_MONOTONIC (events.py), the clock of time.monotonic().
+        unsteady = self.first_touch.update(counts, snap, looked_at_s=time.monotonic())
+        if self.new_coverage is not None:
+            unsteady |= self.new_coverage.update(snap, mappings)
+        virt = dataclasses.replace(virt, unsteady=unsteady)
         return Observation(virt, status, maps, mappings, share, counts)
 
     def _reverse_map(self, snap: Snapshot, mappings: list[AddrRange]) -> revmap.VirtualAccess:

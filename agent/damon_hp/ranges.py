@@ -104,6 +104,23 @@ def intersect(ranges: Iterable[AddrRange], limits: Iterable[AddrRange]) -> list[
     return out
 
 
+def subtract(ranges: Iterable[AddrRange], minus: Iterable[AddrRange]) -> list[AddrRange]:
+    """The parts of `ranges` outside every one of `minus`, in address order."""
+    cut = merge_adjacent(minus)
+    out: list[AddrRange] = []
+    for r in merge_adjacent(ranges):
+        start = r.start
+        for m in cut:
+            if m.end <= start or m.start >= r.end:
+                continue
+            if m.start > start:
+                out.append(AddrRange(start, m.start))
+            start = max(start, m.end)
+        if start < r.end:
+            out.append(AddrRange(start, r.end))
+    return out
+
+
 def overlap_bytes(ranges: Iterable[AddrRange], others: Iterable[AddrRange]) -> int:
     """Bytes where `ranges` and `others` overlap, each list disjoint (in any order): one sweep,
     not every pair."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from damon_hp.damon.model import Region, Snapshot
-from damon_hp.pipeline import FirstTouch, params_for_source
+from damon_hp.pipeline import params_for_source
 from damon_hp.policy import PolicyParams, PolicyState, decide, record_outcomes
 from damon_hp.ranges import HUGE_PAGE_BYTES as H
 from damon_hp.ranges import AddrRange
@@ -159,12 +159,6 @@ def test_a_range_being_faulted_in_is_withheld_and_the_rest_of_the_snapshot_is_us
     # read after its first touch: promoted at its first steady reading
     read_on, _ = run([first, snap(0.4, (0, 4, 20, 0))], p)
     assert read_on[BASE + 2 * H] == 0.4
-
-
-def test_first_touch_marks_ranges_that_gained_resident_pages() -> None:
-    ft = FirstTouch({BASE: 512, BASE + H: 10})
-    assert ft.update({BASE: 512, BASE + H: 200, BASE + 2 * H: 1}) == {BASE + H, BASE + 2 * H}
-    assert ft.update({BASE: 300, BASE + H: 200, BASE + 2 * H: 1}) == frozenset()
 
 
 def test_damon_region_age_seeds_the_streak_where_the_regions_are_the_targets_own() -> None:

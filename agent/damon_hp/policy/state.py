@@ -151,7 +151,8 @@ class Decision:
     held_by_thp_disabled: int = 0
     """ready ranges not promoted because the process turned THP off for itself"""
     unsteady: int = 0
-    """hot ranges whose reading was not used: their resident pages grew during the aggregation"""
+    """hot ranges whose reading was not used: their resident pages may have grown during the
+    aggregation (pipeline.FirstTouch)"""
     budget_bytes: int | None = None
     benefit: Mapping[int, float] = field(default_factory=dict)
     """promoted-now range -> its expected benefit (access % times hot span MiB), for a budget
