@@ -4,13 +4,18 @@ resident-page counts, look times and region bounds; the policy withholds what th
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
-from damon_hp.damon.model import Region, Snapshot
+from damon_hp.damon.model import Recording, Region, Snapshot
 from damon_hp.pipeline import FirstTouch, NewCoverage, aggregation_start_s
+from damon_hp.policy import PolicyParams, PolicyState, decide, record_outcomes
 from damon_hp.ranges import HUGE_PAGE_BYTES as H
 from damon_hp.ranges import AddrRange, subtract
 
 BASE = 0x7F0000000000
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def snap(t: float, *regions: tuple[int, int], aggr_us: int = 400_000) -> Snapshot:
@@ -84,3 +89,30 @@ def test_subtract_leaves_the_parts_outside() -> None:
         AddrRange(0, 50), AddrRange(60, 90), AddrRange(250, 300)]
     assert subtract(a, []) == a
     assert subtract(a, [AddrRange(0, 400)]) == []
+
+
+def test_recorded_run_reads_the_idle_buffer_hot_where_the_regions_first_cover_it() -> None:
+    """A recorded 7.3 run: with nothing withheld, the aggregation that first covered hotcold's
+    buffers gets idle ranges promoted; withholding what the regions newly cover (and nothing
+    else) keeps every idle range out and costs no hot one."""
+    rec = Recording.load(FIXTURES / "agent-run-hotcold-32m-96m-7.3-newcover.json")
+    hot, cold = rec.ground_truth["hot"], rec.ground_truth["cold"]
+
+    def promoted(withhold_new_coverage: bool) -> tuple[int, int]:
+        nc, state, ever = NewCoverage(), PolicyState(), set()
+        for s in rec.snapshots:
+            unsteady = nc.update(s, [cold, hot])
+            s = dataclasses.replace(s, unsteady=unsteady if withhold_new_coverage
+                                    else frozenset())
+            d, state = decide(s, state, PolicyParams(), mappings=[cold, hot])
+            state = record_outcomes(state, {x: None for x in d.promote}, PolicyParams(),
+                                    s.taken_at_s)
+            ever.update(d.promote)
+        return (sum(1 for x in ever if hot.contains(AddrRange(x, x + H))),
+                sum(1 for x in ever if cold.contains(AddrRange(x, x + H))))
+
+    hot_without, cold_without = promoted(False)
+    hot_with, cold_with = promoted(True)
+    assert cold_without * H > 0.02 * cold.size  # the recording shows the blind spot
+    assert cold_with == 0
+    assert hot_with == hot_without
