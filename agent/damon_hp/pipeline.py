@@ -62,10 +62,11 @@ class FirstTouch:
     look may have happened between that aggregation's close and the look, inside the
     aggregation read now. Those ranges are withheld once more when that lag held at least one
     sample interval (a fault in it could have been sampled) and the look came after this
-    aggregation began (it did unless the agent skipped aggregations). Without that carry, in
-    the 7.3 test VM (20 ms samples, looks 0.1-0.5 s late) the aggregation right after hotcold's
-    fill read 140-148 MiB hot that no look had seen grow; a passive source (500 ms samples,
-    5 s aggregations) carries only after a slow look, not one aggregation per growth.
+    aggregation began (it did unless the agent skipped aggregations). In the 7.3 test VM the
+    looks come 0.1-0.5 s late, 5 to 25 of a vaddr kdamond's 20 ms samples, so growth there is
+    carried; a passive source's 500 ms samples make it rare on the host (two interleaved pairs
+    showed no aggregation lost, docs/results.md). The idle memory read hot right after
+    hotcold's fill in the VM was not this but NewCoverage's case.
     The first look is at the pipeline's start (before the first aggregation arrives), so a
     process that is not growing is judged from its first aggregation.
     """
