@@ -146,11 +146,12 @@ class VaddrSource(_Base):
         self.stream = stream
 
     def snapshot(self) -> Snapshot | None:
-        # Events rather than tried_regions whenever they can be read right: since 6.14 DAMON
-        # sysfs holds its lock (damon_sysfs_lock, which every sysfs file only try-locks)
-        # while a tried-regions update waits for the kdamond's next scheme pass (damos_walk),
-        # so snapshots back to back would answer EBUSY to every other DAMON sysfs reader
-        # (`damon-hp status`, damo) for as long as the agent runs.
+        # Events rather than tried_regions whenever they can be read right. 6.12's DAMON sysfs
+        # drops its lock (damon_sysfs_lock, which every sysfs file only try-locks) while a
+        # tried-regions update waits for the kdamond (damon_sysfs_handle_cmd); 7.3 holds it
+        # for the wait, so snapshots read back to back answered EBUSY to 98 % of another
+        # reader's reads of the kdamond's state (`damon-hp status`, damo; measured in the 7.3
+        # test VM, tests/vm/test_damon_stat.py).
         if self.stream is None or not self.use_stream:
             return self.kd.snapshot()
         tuned = self.stream.assembler
