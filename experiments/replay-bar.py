@@ -23,42 +23,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT / "agent"))  # after PYTHONPATH: another checkout's agent can replay
 
-from damon_hp.damon.model import Region, Snapshot  # noqa: E402
+from damon_hp.damon.model import Recording, Snapshot  # noqa: E402
 from damon_hp.pipeline import params_for_source  # noqa: E402
 from damon_hp.policy import PolicyParams, PolicyState, decide, record_outcomes  # noqa: E402
 from damon_hp.ranges import HUGE_PAGE_BYTES as H  # noqa: E402
 from damon_hp.ranges import AddrRange, merge_adjacent  # noqa: E402
 
 MIB = 1 << 20
-PAGE = 4096
 
 
 def load(path: Path) -> tuple[list[Snapshot], dict[str, AddrRange]]:
     """Snapshots and ground truth of a recording: damon-hp's own format, or the compact one of
-    tests/fixtures/passive-*.json.gz (regions as page offsets from a base; each 2 MiB range
-    marked unsteady in the snapshot where it first appears, as test_policy_physical does)."""
-    raw = path.read_bytes()
-    d = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
-    if "base" in d:
-        base, snaps, seen = d["base"], [], set()
-        for s in d["snapshots"]:
-            regions = tuple(Region(base + off * PAGE, base + (off + n) * PAGE, acc, age)
-                            for off, n, acc, age in s["regions"])
-            starts = {r.start - r.start % H for r in regions}
-            snaps.append(Snapshot(s["taken_at_s"], 1, d["sample_us"], d["aggr_us"], regions,
-                                  frozenset(starts - seen)))
-            seen |= starts
-        return snaps, {"hot": AddrRange(*d["hot"]), "cold": AddrRange(*d["cold"])}
-    truth = {k: AddrRange(v["start"], v["end"]) for k, v in d.get("ground_truth", {}).items()}
-    return [Snapshot.from_dict(s) for s in d["snapshots"]], truth
+    tests/fixtures/passive-*.json.gz (damon.model.Recording.load reads both)."""
+    rec = Recording.load(path)
+    return list(rec.snapshots), rec.ground_truth
 
 
 def promoted(snaps: list[Snapshot], params: PolicyParams,

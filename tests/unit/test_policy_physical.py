@@ -11,37 +11,24 @@ share a DAMON region with busy frames of any process.
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 from pathlib import Path
 
 import pytest
-from damon_hp.damon.model import Region, Snapshot
+from damon_hp.damon.model import Recording, Region, Snapshot
 from damon_hp.pipeline import params_for_source
 from damon_hp.policy import PolicyParams, PolicyState, decide, record_outcomes
 from damon_hp.ranges import HUGE_PAGE_BYTES as H
 from damon_hp.ranges import AddrRange
 
 FIXTURE = Path(__file__).parents[1] / "fixtures/passive-hotcold-1g-3g-host-6.18.json.gz"
-PAGE = 4096
 BASE = 0x7F0000000000
 
 
 def load() -> tuple[list[Snapshot], AddrRange, AddrRange]:
     """The recording, with each 2 MiB range marked unsteady in the snapshot where it first
-    appears (first got resident pages): the recording predates the first-touch marks, and a
-    range's first appearance is the least the pipeline would mark."""
-    fx = json.loads(gzip.decompress(FIXTURE.read_bytes()))
-    base = fx["base"]
-    snaps, seen = [], set()
-    for s in fx["snapshots"]:
-        regions = tuple(Region(base + off * PAGE, base + (off + n) * PAGE, acc, age)
-                        for off, n, acc, age in s["regions"])
-        starts = {r.start - r.start % H for r in regions}
-        snaps.append(Snapshot(s["taken_at_s"], 1, fx["sample_us"], fx["aggr_us"], regions,
-                              frozenset(starts - seen)))
-        seen |= starts
-    return snaps, AddrRange(*fx["hot"]), AddrRange(*fx["cold"])
+    appears (Recording.from_compact): the recording predates the first-touch marks."""
+    rec = Recording.load(FIXTURE)
+    return list(rec.snapshots), rec.ground_truth["hot"], rec.ground_truth["cold"]
 
 
 def promoted(snaps: list[Snapshot], params: PolicyParams,
