@@ -23,8 +23,9 @@ The rule, in order:
    accesses out of the samples taken. A range is ready when the sum reaches
    `promote_min_accesses` at a rate of `promote_access_pct` over at least
    `promote_after_snapshots` hot readings. A reading of a range whose resident pages may have
-   grown during the aggregation (first touch: the fault sets the accessed bit) is withheld, the rest
-   of the snapshot is used, so a steady process is judged from its first aggregation. Where
+   grown during the aggregation (first touch: the fault sets the accessed bit), or that DAMON's
+   regions have just come to cover, is withheld (`Snapshot.unsteady`, marked by the pipeline);
+   the rest of the snapshot is used, so a steady process is judged from its first aggregation. Where
    the regions are the target's own (vaddr), DAMON's region age seeds the streak.
 4. **Residency guard.** A ready range is collapsed only when at most `max_ptes_none` of its
    512 base pages are absent: MADV_COLLAPSE makes all 2 MiB resident, so a sparse hot range
