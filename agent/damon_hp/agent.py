@@ -261,7 +261,8 @@ class Agent:
             rep.pagemap_reads = {"ranges_read": frames.ranges_read,
                                  "ranges_reused": frames.ranges_reused,
                                  "windows_read": frames.windows_read,
-                                 "windows_verified": frames.windows_verified}
+                                 "windows_verified": frames.windows_verified,
+                                 "scans_skipped": frames.scans_skipped}
         status = obs.status
         entry = report.TimelineEntry(
             t_s=snap.taken_at_s - self.started_at,

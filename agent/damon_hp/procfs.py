@@ -233,6 +233,7 @@ class Stat:
     children_stime_s: float
     start_ticks: int
     flags: int = 0  # the kernel's task flags (PF_*)
+    rss_pages: int = 0  # resident pages (get_mm_rss: per-CPU counters, read without summing)
 
     @property
     def cpu_s(self) -> float:
@@ -269,6 +270,7 @@ def parse_stat(text: str) -> Stat:
         children_stime_s=int(f[14]) / CLOCK_TICKS,
         start_ticks=int(f[19]),
         flags=int(f[6]),
+        rss_pages=int(f[21]),
     )
 
 
