@@ -40,7 +40,8 @@ class Managed:
         self.pending: tuple[Snapshot, policy.Decision] | None = None
         self.skipped: str | None = None
         """why this process gets no collapse (it disabled THP for itself), None while managed"""
-        self.status_written: dict[str, Any] | None = None
+        self.status_written: tuple[dict[str, Any], int, float] | None = None
+        """what the last status record held, less its times and count; that count; when"""
         """its status record as last written, less the time"""
 
     @property

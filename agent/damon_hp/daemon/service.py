@@ -58,6 +58,8 @@ from damon_hp.pipeline import params_for_source
 
 SCAN = "scan"      # the daemon's stages beside the pipeline's (stagecpu.py): /proc rescans,
 STATUS = "status"  # and status records, journal summaries, --json
+# How stale a status record's snapshot count may grow when nothing else in it changes.
+STATUS_COUNT_EVERY_S = 15.0
 READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are seen this soon
 MAX_ROUNDS_KEPT = 200
 THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
@@ -100,12 +102,26 @@ def open_source(request: sources.SourceRequest) -> Source:
     return sources.open_passive(request, found, why)
 
 
+def status_due(written: tuple[dict[str, Any], int, float] | None, record: dict[str, Any],
+               snapshots: int, now: float) -> bool:
+    """Whether a managed process's status record must be written again: never written, or
+    something in it (`record`, less its times and snapshot count) changed, or its count left 0,
+    or the count moved and the last write is STATUS_COUNT_EVERY_S old."""
+    if written is None or record != written[0]:
+        return True
+    count = written[1]
+    if count == 0:
+        return snapshots != 0
+    return snapshots != count and now - written[2] >= STATUS_COUNT_EVERY_S
+
+
 class Service:
     def __init__(self, config: DaemonConfig, json_path: str | None = None) -> None:
         self.config = config
         self.json_path = json_path
         self.source: Source | None = None
         self.managed: dict[int, Managed] = {}
+        self._start_ticks: int | None = None  # ours, for status records
         # (pid, start ticks) another agent manages: said once, tried again every scan
         self.refused: set[tuple[int, int]] = set()
         self.stop_signal: int | None = None
@@ -321,7 +337,7 @@ class Service:
             m.close()
             return
         try:
-            other = status_records.claim_managed(self._status_record(m),
+            other = status_records.claim_managed(self._status_record(m, self.source.info()),
                                                  status_records.status_path(os.getpid(), m.pid))
         except (OSError, EnvironmentProblem) as e:
             m.close()
@@ -472,18 +488,20 @@ class Service:
 
     # -- reporting -----------------------------------------------------------------------
 
-    def _status_record(self, m: Managed) -> dict[str, Any]:
+    def _status_record(self, m: Managed, source_info: dict[str, Any]) -> dict[str, Any]:
         assert self.source is not None
+        if self._start_ticks is None:
+            self._start_ticks = ownership.process_start_ticks(os.getpid())
         return {
             "agent_pid": os.getpid(),
-            "agent_start_ticks": ownership.process_start_ticks(os.getpid()),
+            "agent_start_ticks": self._start_ticks,
             "mode": f"daemon (rule {m.rule})",
             "rule": m.rule,
             "target_pid": m.pid,
             "target_start_ticks": m.info.start_ticks,
             "command": list(m.info.cmdline),
             "since": m.since,
-            "source": self.source.info(),
+            "source": source_info,
             "kdamond_pid": self.source.kdamond_pid,
             "snapshots": m.snapshots,
             "promotions": m.collapses,
@@ -498,22 +516,29 @@ class Service:
             "updated": time.time(),
         }
 
-    def _write_status(self, m: Managed) -> None:
+    def _write_status(self, m: Managed, source_info: dict[str, Any], now: float) -> None:
         # Only when something in it changed ("updated" is when it last did): rewriting every
-        # record every 2 s is 25 JSON files written and renamed a second at 50 processes.
-        rec = self._status_record(m)
-        same = {k: v for k, v in rec.items() if k != "updated"}
-        if same == m.status_written:
+        # record every 2 s is 25 JSON files written and renamed a second at 50 processes. The
+        # snapshot count alone, which moves every aggregation, is written when it leaves 0 and
+        # then at most every STATUS_COUNT_EVERY_S: it made every record change every round,
+        # 0.45 % of a core at 50 processes (docs/cost.md).
+        rec = self._status_record(m, source_info)
+        same = {k: v for k, v in rec.items() if k not in ("updated", "snapshots")}
+        if not status_due(m.status_written, same, rec["snapshots"], now):
             return
         try:
             status_records.write_status(rec, path=status_records.status_path(os.getpid(), m.pid))
-            m.status_written = same
+            m.status_written = (same, rec["snapshots"], now)
         except OSError:
             pass  # status is a convenience; never let it stop the daemon
 
     def write_statuses(self) -> None:
+        if not self.managed:
+            return
+        assert self.source is not None
+        info, now = self.source.info(), time.monotonic()
         for m in self.managed.values():
-            self._write_status(m)
+            self._write_status(m, info, now)
 
     def summary(self) -> str:
         held = sum(m.held_bytes for m in self.managed.values())
