@@ -214,3 +214,53 @@ def test_changed_windows_are_where_two_stretch_lists_disagree():
     assert _changed_windows(old, new) == [V + h, V + 3 * h]
     # A stretch appearing past the old ones.
     assert _changed_windows(old, old + [(V + 6 * h, V + 6 * h + PAGE_BYTES, 8)]) == [V + 6 * h]
+
+
+def test_many_ranges_map_as_each_would_alone_and_match_the_reference():
+    # One range with more extents than are looked up in a batch (random single frames), small
+    # ones below and above it, and two ranges sharing one 2 MiB window (clipped halves): mapped
+    # together they give what each gives alone, in address order.
+    rng = random.Random(11)
+    w = HUGE_PAGE_BYTES
+    layout = [  # (start, pages, frames: "run" = consecutive, "scatter" = random single ones)
+        (V, 2 * PAGES, "run"),
+        (V + 4 * w, 12 * PAGES, "scatter"),
+        (V + 20 * w, 2 * PAGES, "scatter"),
+        (V + 30 * w, PAGES // 2, "run"),
+        (V + 30 * w + w // 2, PAGES // 2, "scatter"),
+    ]
+    used = set()
+    runs, ranges = [], []
+    for start, pages, kind in layout:
+        first = rng.randrange(40_000)
+        pfns = []
+        for i in range(pages):
+            if kind == "run":
+                p = first + i
+            else:
+                p = rng.randrange(200_000, 10_000_000)
+            while p in used:
+                p += 1
+            used.add(p)
+            pfns.append(None if rng.random() < 0.03 else p)
+        runs.append(FrameRun(start, array("Q", (0 if p is None else PM_PRESENT | p
+                                                 for p in pfns))))
+        ranges.append((start, start + pages * PAGE_BYTES))
+    regions = []
+    start = 0
+    while start < 10_000_000:
+        end = start + rng.randrange(100, 60_000)
+        regions.append((start, end, rng.choice([0, 0, 1, 3, 10]), rng.randrange(20)))
+        start = end
+    snap = phys(*regions)
+    together = PageFrames(3, tuple(ranges), tuple(runs))
+    assert len(together.extents[ranges[1]].pfn) > 4096  # looked up alone, not in the batch
+    got = reverse_map(snap, together).ranges
+    alone = [r for rng_, run in zip(ranges, runs, strict=True)
+             for r in reverse_map(snap, PageFrames(3, (rng_,), (run,))).ranges]
+    assert list(got) == sorted(alone, key=lambda r: (r.start, r.end))
+    assert [r.start for r in got] == sorted(r.start for r in got)
+    whole = {k: v for k, v in summary(reverse_map(snap, together)).items()
+             if k % HUGE_PAGE_BYTES == 0 and k != V + 30 * w}
+    ref = page_by_page(snap, together, 50.0)
+    assert whole == {k: v for k, v in ref.items() if k != V + 30 * w}
