@@ -1,8 +1,10 @@
 """List the damon-hp agents running on this system: target, since when, what they did.
 
 Each running agent keeps a status record in /run/damon-hp (DAMON_HP_RUN_DIR) that it refreshes
-every second and removes when it exits. A record whose agent is gone (it was killed) is shown
-as stale; the next `damon-hp run` or `attach` also stops a kdamond such an agent left behind.
+every second and removes when it exits (damon-hpd keeps one per managed process, rewritten when
+its figures change; a snapshot count that alone moved, at most every 15 s). A record whose agent
+is gone (it was killed) is shown as stale; the next `damon-hp run` or `attach` also stops a
+kdamond such an agent left behind.
 Read-only: needs no root unless the run directory is private.
 
 examples:
