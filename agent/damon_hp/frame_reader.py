@@ -58,7 +58,7 @@ class FrameReader:
     stretches changed only the 2 MiB windows where they differ are read again (extents never
     cross a window, so the others' stay exact). When neither those counters nor the ones that
     say a page was unmapped or collapsed in place (`_page_counters`) moved, the page tables are
-    not walked at all: a steady process costs two small procfs reads per snapshot.
+    not walked at all: a steady process costs three small procfs reads per snapshot.
 
     When the counters moved since the last read, any kept window may be stale. `eager` (a
     source that can demote: an idle reading of a stale window could split a hot huge page)
@@ -327,10 +327,11 @@ _VMSTAT_CHURN = (b"thp_collapse_alloc", b"pswpout", b"pglazyfreed")
 
 def _page_counters(pid: int) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
     """(moves, churn): the counters that say frames may have moved (None when they may move
-    untracked: KSM runs), then those that say pages were mapped in place, unmapped or
-    collapsed (with the target's resident pages: an unmap with no counter of its own, such as
-    MADV_DONTNEED, lowers them; get_mm_rss reads per-CPU counters unsummed, so a few dozen
-    pages may not show until the next full read)."""
+    untracked: KSM runs), then those that say pages were unmapped or collapsed in place, with
+    the target's resident pages (an unmap with no counter of its own, such as MADV_DONTNEED,
+    lowers them). /proc/PID/stat's RSS is get_mm_rss, which reads the per-CPU counters without
+    summing them: an unmap smaller than their batch on each CPU (32 pages per CPU here) may not
+    show, and waits for the next full read."""
     moving: tuple[int, ...] | None = None
     try:
         with open("/sys/kernel/mm/ksm/run", "rb") as f:

@@ -41,8 +41,8 @@ class Managed:
         self.skipped: str | None = None
         """why this process gets no collapse (it disabled THP for itself), None while managed"""
         self.status_written: tuple[dict[str, Any], int, float] | None = None
-        """what the last status record held, less its times and count; that count; when"""
-        """its status record as last written, less the time"""
+        """its status record as last written (less its times and snapshot count), that count,
+        and when (time.monotonic)"""
 
     @property
     def state(self) -> policy.PolicyState:
