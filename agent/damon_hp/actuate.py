@@ -28,13 +28,13 @@ import errno
 import os
 import select
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from damon_hp.damon.model import Scheme, SchemeStats
 from damon_hp.errors import DamonHpError, EnvironmentProblem
-from damon_hp.policy import Decision
+from damon_hp.policy import UNMAPPED, Decision
 from damon_hp.ranges import (
     HUGE_PAGE_BYTES,
     AddrRange,
@@ -127,7 +127,7 @@ class ActionResult:
     start: int
     end: int
     bytes_done: int
-    error: str | None  # errno name (EAGAIN, ENOMEM, EINVAL, ...) or None
+    error: str | None  # errno name (EAGAIN, ENOMEM, EINVAL, ...), UNMAPPED, or None
     seconds: float
     cpu_seconds: float = 0.0
     """the agent thread's CPU time in the call: the kernel's copy (and compaction) is charged
@@ -161,13 +161,27 @@ def process_madvise(target: Target, start: int, length: int, advice: int) -> int
     return done
 
 
-def collapse(target: Target, starts: Iterable[int]) -> list[ActionResult]:
+# UNMAPPED (policy.state): a collapse failed on a range the target no longer maps, because it
+# unmapped it (a free, or its exit: hotcold unmaps its buffers on SIGTERM) before or during the
+# call. Neither the kernel's refusal nor its "not now", so not reported as either.
+# The errnos an unmap causes. ENOMEM: madvise_walk_vmas (mm/madvise.c) answers it for any part
+# of the range without a VMA. EINVAL: collapse_huge_page (mm/khugepaged.c) drops mmap_lock to
+# allocate the huge page and revalidates the VMA after; a VMA unmapped meanwhile fails with
+# SCAN_VMA_NULL, which madvise_collapse_errno turns into EINVAL. Both also have other causes
+# (no free huge page; a VM_NOHUGEPAGE range), so the maps decide.
+_UNMAP_ERRNOS = ("ENOMEM", "EINVAL")
+
+
+def collapse(target: Target, starts: Iterable[int],
+             mapped: Callable[[AddrRange], bool] | None = None) -> list[ActionResult]:
     """Collapse each 2 MiB range now with process_madvise(MADV_COLLAPSE); one result per range.
 
     The kernel copies the range into a huge page synchronously (compacting or reclaiming if it
     must), charged to this process. A range that is not mapped, is VM_NOHUGEPAGE, or has no
     resident page fails with an errno that is recorded, not raised; ESRCH (target gone) stops
-    the batch.
+    the batch. With `mapped` (whether the target's VMAs cover a range now), an ENOMEM or EINVAL
+    on a range no longer mapped is recorded as UNMAPPED: the maps are read only on such a
+    failure.
     """
     results = []
     for start in starts:
@@ -175,6 +189,8 @@ def collapse(target: Target, starts: Iterable[int]) -> list[ActionResult]:
         done = process_madvise(target, start, HUGE_PAGE_BYTES, MADV_COLLAPSE)
         seconds, cpu = time.monotonic() - t0, time.thread_time() - cpu0
         error = None if done >= 0 else errno_name(-done)
+        if error in _UNMAP_ERRNOS and mapped is not None and not mapped(huge_range(start)):
+            error = UNMAPPED
         results.append(ActionResult("collapse", start, start + HUGE_PAGE_BYTES, max(done, 0),
                                     error, seconds, cpu))
         if done == -errno.ESRCH:
@@ -261,6 +277,7 @@ class HugeMap(Protocol):
     def huge_regions_in(self, ranges: Iterable[AddrRange]) -> list[AddrRange]: ...
     def huge_bytes_in(self, ranges: Iterable[AddrRange]) -> int: ...
     def flagged_in(self, ranges: Iterable[AddrRange], flag: str) -> list[AddrRange]: ...
+    def maps_cover(self, r: AddrRange) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -354,7 +371,7 @@ class Actuator:
                 for start in todo:
                     self.pending_damos.setdefault(start, now_s)
             else:
-                applied.collapses = collapse(self.target, todo)
+                applied.collapses = collapse(self.target, todo, self.memory.maps_cover)
         if self.scheme_host is not None:  # without DAMOS a demotion can change nothing
             applied.demotions = [
                 ActionResult("nohugepage", s, s + HUGE_PAGE_BYTES, HUGE_PAGE_BYTES, None, 0.0)
@@ -420,7 +437,8 @@ class Actuator:
         split = [s for s in settled if not any(h.contains(huge_range(s)) for h in huge)]
         for start in settled:
             del self.unsettled[start]
-        return [dataclasses.replace(r, action="recollapse") for r in collapse(self.target, split)]
+        return [dataclasses.replace(r, action="recollapse") for r in collapse(self.target, split,
+                                                                        self.memory.maps_cover)]
 
     def _install_schemes(self, decision: Decision, now_s: float) -> SchemeCommit | None:
         if self.scheme_host is None:

@@ -533,6 +533,14 @@ class ProcessFiles:
             raise ProcessGone(f"/proc/{self.pid}/maps is empty: the process has exited")
         return maps
 
+    def maps_cover(self, r: AddrRange) -> bool:
+        """Whether the process's VMAs map every byte of `r` now; False once it has no memory."""
+        try:
+            maps = self.maps()
+        except ProcessGone:
+            return False
+        return any(m.contains(r) for m in merge_adjacent(v.range for v in maps))
+
     def status(self) -> Status:
         return parse_status(self._text("status"))
 

@@ -299,12 +299,15 @@ def _agent_cpu(r: RunReport) -> str:
             f"{fmt_seconds(r.collapse.cpu_seconds + r.recollapse.cpu_seconds)}")
 
 
-# What MADV_COLLAPSE's errno means (madvise_collapse_errno, mm/khugepaged.c), for the summary.
+# What MADV_COLLAPSE's errno means (madvise_collapse_errno, mm/khugepaged.c), for the summary;
+# UNMAPPED is actuate's, not the kernel's.
 COLLAPSE_ERRNO_MEANING = {
     "ENOMEM": "no free 2 MiB page: memory fragmented or short",
     "EAGAIN": "pages busy for a moment",
     "EBUSY": "memory cgroup charge failed",
     "EINVAL": "range not eligible, or its pages were migrating",
+    "UNMAPPED": "the target unmapped the range first (a free, or its exit)",
+    "ESRCH": "the target exited",
 }
 
 

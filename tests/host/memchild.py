@@ -6,7 +6,8 @@ buffer is MADV_NOHUGEPAGE; `thp-off` turns THP off for the process first
 (prctl(PR_SET_THP_DISABLE, 1)), `thp-advised` does it with PR_THP_DISABLE_EXCEPT_ADVISED (6.18+).
 Meanwhile each stdin line `madvise START LENGTH ADVICE` (decimal) is madvise(2) done by the child
 itself, as a DAMOS action is done on the target's own mm, and `thp-disable N FLAGS` is
-prctl(PR_SET_THP_DISABLE, N, FLAGS), and with `spare` (an 8 MiB mapping made at start, never
+prctl(PR_SET_THP_DISABLE, N, FLAGS), `munmap START LENGTH` unmaps part of the buffer (as a free
+or an exit does), and with `spare` (an 8 MiB mapping made at start, never
 remapped) `refault START LENGTH` gives those pages new frames without changing which pages are
 present or any mapping (MADV_DONTNEED, the next LENGTH x 2 of the spare mapping written so that
 the freed frames go to it, then every page written again); the child answers `ok` or `errno N`.
@@ -71,6 +72,10 @@ def main() -> None:
         if verb == "madvise":
             addr, length, advice = map(int, args)
             failed = libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), advice)
+            print(f"errno {ctypes.get_errno()}" if failed else "ok", flush=True)
+        elif verb == "munmap":
+            addr, length = map(int, args)
+            failed = libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(length))
             print(f"errno {ctypes.get_errno()}" if failed else "ok", flush=True)
         elif verb == "thp-disable":
             err = thp_disable(libc, int(args[0]), int(args[1]))

@@ -86,10 +86,11 @@ def test_collapse_touches_only_the_ranges_asked_for(child: Child) -> None:
 
 
 def test_collapse_of_nohugepage_memory_is_recorded_as_einval_not_raised() -> None:
+    """A refusal stays EINVAL also where the maps are read: the range is mapped."""
     c = Child("4", "nohuge")
     try:
-        with actuate.Target.open(c.pid) as target:
-            results = actuate.collapse(target, [c.start])
+        with actuate.Target.open(c.pid) as target, procfs.ProcessFiles(c.pid) as files:
+            results = actuate.collapse(target, [c.start], files.maps_cover)
         assert results[0].error == "EINVAL"
         assert results[0].bytes_done == 0
         assert anon_huge_bytes(c.pid, c.start, c.end) == 0
@@ -97,15 +98,35 @@ def test_collapse_of_nohugepage_memory_is_recorded_as_einval_not_raised() -> Non
         c.stop()
 
 
-def test_collapse_of_unmapped_range_is_recorded_as_enomem(child: Child) -> None:
+def test_collapse_of_unmapped_range_is_enomem_from_the_kernel_and_unmapped_by_the_maps(
+        child: Child) -> None:
     maps = procfs.read_maps(child.pid)
     # Find a 2 MiB-aligned hole below the buffer that no mapping touches.
     hole = child.start - 64 * HUGE_PAGE_BYTES
     while any(m.start < hole + HUGE_PAGE_BYTES and hole < m.end for m in maps):
         hole -= HUGE_PAGE_BYTES
-    with actuate.Target.open(child.pid) as target:
-        (result,) = actuate.collapse(target, [hole])
-    assert result.error == "ENOMEM"
+    with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
+        (bare,) = actuate.collapse(target, [hole])
+        (told,) = actuate.collapse(target, [hole], files.maps_cover)
+    assert bare.error == "ENOMEM"  # madvise_walk_vmas: part of the range has no VMA
+    assert told.error == actuate.UNMAPPED
+
+
+def test_ranges_the_target_unmapped_are_unmapped_and_the_rest_collapse(child: Child) -> None:
+    """A target freeing (or exiting) while a batch runs: its gone ranges are UNMAPPED, not a
+    failed allocation."""
+    gone = child.start + 2 * HUGE_PAGE_BYTES
+    child.proc.stdin.write(f"munmap {gone} {HUGE_PAGE_BYTES}\n")
+    child.proc.stdin.flush()
+    assert child.proc.stdout.readline().strip() == "ok"
+    starts = [child.start, gone, child.start + 4 * HUGE_PAGE_BYTES]
+    with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
+        assert not files.maps_cover(AddrRange(child.start, child.end))
+        assert files.maps_cover(AddrRange(child.start, gone))
+        results = actuate.collapse(target, starts, files.maps_cover)
+    assert [r.error for r in results] == [None, actuate.UNMAPPED, None]
+    assert procfs.huge_bytes_in(child.pid, [AddrRange(child.start, child.end)]) == (
+        2 * HUGE_PAGE_BYTES)
 
 
 def test_target_open_rejects_a_pid_that_does_not_exist() -> None:

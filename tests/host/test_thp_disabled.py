@@ -246,7 +246,9 @@ def test_run_manages_a_command_that_disabled_thp_except_where_advised(
     else:
         print(f"the kdamond read the hot buffer idle ({sees:.0%} accessed): no collapse could be "
               "tried; only that none was refused is checked")
-    assert unexplained(s["collapse"], counters, vmstat()) == {}, s["collapse"]
+    # hotcold unmaps its buffers on SIGTERM, maybe while a batch of collapses runs
+    assert unexplained(s["collapse"], counters, vmstat(),
+                       exit_actions=report["actions"]) == {}, s["collapse"]
     print(f"{huge >> 20} MiB of the hot buffer huge after {took:.0f} s; {s['collapse']}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from damon_hp import ranges
 from damon_hp.damon.model import Region, Snapshot
 from damon_hp.policy import (
+    UNMAPPED,
     PolicyParams,
     PolicyState,
     RangeState,
@@ -140,6 +141,17 @@ def test_refused_collapse_is_retried_only_after_its_backoff() -> None:
     assert d.promote == ()
     d, st = decide(snap(6.6, (0, H, 20)), st, p)
     assert d.promote == (BASE,)
+
+
+def test_a_range_the_target_unmapped_is_forgotten_not_backed_off() -> None:
+    """What the target maps there next is new memory: judged afresh, collapsed at once."""
+    p = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0, retry_after_s=2.0)
+    d, st = decide(snap(0.0, (0, H, 20)), PolicyState(), p)
+    assert d.promote == (BASE,)
+    st = record_outcomes(st, {BASE: UNMAPPED}, p, now_s=0.0)
+    assert BASE not in st.ranges
+    d, st = decide(snap(1.0, (0, H, 20)), st, p)
+    assert d.promote == (BASE,)  # a refusal (EAGAIN above) would wait until 2.0 s
 
 
 def test_a_refused_range_that_flickers_out_of_the_hot_set_keeps_its_backoff() -> None:

@@ -494,7 +494,7 @@ class Oracle(Arm):
         self.thread.start()
 
     def _collapse(self, pid: int, t0: float, ranges: list[AddrRange]) -> None:
-        from damon_hp import actuate
+        from damon_hp import actuate, procfs
 
         starts = [a for r in ranges for a in huge_starts(r)]
         try:
@@ -502,18 +502,19 @@ class Oracle(Arm):
         except DamonHpError as e:
             self.outcome.errors[str(e)] = 1
             return
-        with target:
+        with target, procfs.ProcessFiles(pid) as files:
             t, c = time.monotonic(), time.thread_time()
             pending = starts
             for attempt in range(ORACLE_ATTEMPTS):
-                results = actuate.collapse(target, pending)
+                results = actuate.collapse(target, pending, files.maps_cover)
                 pending = []
                 last = attempt == ORACLE_ATTEMPTS - 1
                 for r in results:
                     self.outcome.bytes_done += r.bytes_done
                     if r.error:
-                        pending.append(r.start)
-                        if last:
+                        if r.error != actuate.UNMAPPED:  # gone: nothing to try again
+                            pending.append(r.start)
+                        if last or r.error == actuate.UNMAPPED:
                             self.outcome.errors[r.error] = self.outcome.errors.get(r.error, 0) + 1
                 if not pending or target.exited():
                     break

@@ -44,7 +44,8 @@ The rule, in order:
 8. **A process that turned THP off for itself** gets no collapse and no re-mark; its streaks
    are kept for the moment it allows THP again.
 
-Refused collapses (`record_outcomes`) are retried after an exponential back-off.
+Refused collapses (`record_outcomes`) are retried after an exponential back-off; a range the
+target unmapped before its collapse (UNMAPPED) is forgotten.
 """
 
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGES_PER_HUGE
@@ -72,7 +73,7 @@ from .rule import (
     ready_ranges,
     record_outcomes,
 )
-from .state import Decision, Huge, PolicyState, RangeState, Streak
+from .state import UNMAPPED, Decision, Huge, PolicyState, RangeState, Streak
 
 BASE_PAGE_BYTES = HUGE_PAGE_BYTES // PAGES_PER_HUGE
 PAGES_PER_HUGE_PAGE = PAGES_PER_HUGE
@@ -82,5 +83,5 @@ __all__ = [
     "HotSet", "Huge", "PolicyParams", "PolicyState", "RangeHeat", "RangeState", "RegionLike",
     "SnapshotLike", "Streak", "access_pct", "admit", "advance_streaks", "budget_bytes",
     "decide", "evidence_suffices", "hot_regions", "hot_set", "judge_idle", "range_heat",
-    "ranking_score", "ready_ranges", "record_outcomes",
+    "ranking_score", "ready_ranges", "record_outcomes", "UNMAPPED",
 ]

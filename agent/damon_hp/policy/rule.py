@@ -17,7 +17,7 @@ from damon_hp.ranges import HUGE_PAGE_BYTES, PAGES_PER_HUGE, AddrRange, coalesce
 
 from .hotset import HotSet, RangeHeat, SnapshotLike, hot_set, range_heat
 from .params import MIB, PolicyParams
-from .state import Decision, Huge, PolicyState, RangeState, Streak
+from .state import UNMAPPED, Decision, Huge, PolicyState, RangeState, Streak
 
 _EPS = 1e-9
 
@@ -341,11 +341,14 @@ def record_outcomes(state: PolicyState, outcomes: Mapping[int, str | None],
 
     A collapsed range becomes promoted (and stops being re-marked); a refused one is retried
     after `retry_after_s`, doubling with each consecutive refusal up to `max_retry_after_s`.
+    An UNMAPPED range is forgotten: what the target maps there later starts afresh.
     """
     ranges = dict(state.ranges)
     for start, error in outcomes.items():
         rec = ranges.get(start, RangeState())
-        if error is None:
+        if error == UNMAPPED:
+            ranges.pop(start, None)
+        elif error is None:
             # Under `madvise` the mark stays through hugepage_marks; otherwise it has done its job.
             ranges[start] = RangeState(huge=Huge(now_s))
         else:

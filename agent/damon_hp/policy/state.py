@@ -14,6 +14,10 @@ from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
 # 6 sampled accesses in two hot readings at 30 %; a lukewarm range at 5 % in a few more).
 KEPT_READINGS = 8
 
+# The outcome of a collapse on a range the target had unmapped (actuate.collapse): not a
+# refusal to back off from. The range's record is dropped; memory mapped there later is new.
+UNMAPPED = "UNMAPPED"
+
 
 @dataclass(frozen=True)
 class Streak:
