@@ -1,4 +1,4 @@
-"""Which MADV_COLLAPSE errors of a run a host test may accept: the kernel's "not now", proven
+"""Which MADV_COLLAPSE errors of a run a host or vm test may accept: the kernel's "not now", proven
 from /proc/vmstat, never a refusal.
 
 madvise_collapse() (mm/khugepaged.c, 6.18) turns its last scan result into an errno
@@ -48,6 +48,22 @@ def vmstat() -> Vmstat:
     return Vmstat(*(int(values[name]) for name in _COUNTERS))
 
 
+# What a target's exit explains (actuate.collapse): UNMAPPED on the ranges it unmapped, ESRCH once
+# it is gone.
+EXIT_ERRORS = ("UNMAPPED", "ESRCH")
+
+
+def exit_cut(actions: Sequence[dict]) -> dict[str, int]:
+    """The EXIT_ERRORS among a report's actions that fall in its last batch of collapses, by
+    name: the batch a target exiting while the agent runs may cut."""
+    collapses = [a for a in actions if a["action"] == "collapse"]
+    out: dict[str, int] = {}
+    for a in collapses:
+        if a["error"] in EXIT_ERRORS and a["t_s"] == collapses[-1]["t_s"]:
+            out[a["error"]] = out.get(a["error"], 0) + 1
+    return out
+
+
 def unexplained(collapse: dict, before: Vmstat, after: Vmstat, *,
                 einval_may_be_migration: bool = True,
                 exit_actions: Sequence[dict] = ()) -> dict[str, int]:
@@ -55,12 +71,10 @@ def unexplained(collapse: dict, before: Vmstat, after: Vmstat, *,
     kernel's counters do not explain; {} when every failure was the kernel's "not now".
 
     `exit_actions`: the report's action records, given where the target exits while the agent
-    runs; UNMAPPED and ESRCH in its last batch of collapses are then explained by the exit."""
+    runs; its `exit_cut` is then explained by the exit."""
     left = dict(collapse["errors"])
-    collapses = [a for a in exit_actions if a["action"] == "collapse"]
-    for a in collapses:
-        if a["error"] in ("UNMAPPED", "ESRCH") and a["t_s"] == collapses[-1]["t_s"]:
-            left[a["error"]] -= 1
+    for name, n in exit_cut(exit_actions).items():
+        left[name] -= n
     for transient in ("EAGAIN", "EBUSY"):
         left.pop(transient, None)
     if "ENOMEM" in left:
