@@ -70,6 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "damon_stat_on: the test needs DAMON_STAT running (as the main kernel "
         "boots); every other vm test gets it stopped")
     config.addinivalue_line(
+        "markers", "fresh_damon_stat: DAMON_STAT is restarted before the test, so its "
+        "auto-tuned intervals start where they do at boot (test_damon_stat.py says why)")
+    config.addinivalue_line(
         "markers", "main_kernel: the test needs what only the main kernel (7.3) has (DAMOS "
         "collapse, DAMON_STAT); it runs there in every plan")
     config.addinivalue_line(

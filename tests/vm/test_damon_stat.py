@@ -71,7 +71,11 @@ def thp_never() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def damon_stat_untouched(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     """DAMON_STAT runs before and after (the same kdamond, unless the test paused it on
-    purpose: then a new one); no sysfs kdamond, no tracefs instance, no record of ours left."""
+    purpose: then a new one); no sysfs kdamond, no tracefs instance, no record of ours left.
+    A test marked `fresh_damon_stat` gets DAMON_STAT restarted first (the new kdamond is the
+    one that must be untouched)."""
+    if request.node.get_closest_marker("fresh_damon_stat"):
+        restart_damon_stat()
     before = stat_state()
     assert before[0] == "Y" and before[1] > 0, f"DAMON_STAT is not running: {before}"
     assert probe().kdamonds == (), "DAMON sysfs has a kdamond dir beside DAMON_STAT"
@@ -85,6 +89,26 @@ def damon_stat_untouched(request: pytest.FixtureRequest) -> Iterator[tuple[str, 
     assert probe().kdamonds == ()
     assert [n for n in os.listdir(INSTANCES) if n.startswith(INSTANCE_PREFIX)] == []
     assert ownership.read_records() == {}
+
+
+def _wait_for(cond, timeout_s: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return cond()
+
+
+def restart_damon_stat() -> None:
+    """DAMON_STAT off and on again (VM only): a new kdamond at the module's boot intervals."""
+    (STAT_PARAMS / "enabled").write_text("N")
+    assert _wait_for(lambda: stat_state()[0] == "N" and not module_kdamonds(), 60), \
+        f"DAMON_STAT did not stop: {stat_state()}"
+    (STAT_PARAMS / "enabled").write_text("Y")
+    assert _wait_for(lambda: stat_state()[0] == "Y" and stat_state()[1] > 0
+                     and len(module_kdamonds()) == 1, 60), \
+        f"DAMON_STAT did not start again: {stat_state()}"
 
 
 def test_damon_stat_is_found_outside_sysfs_with_its_intervals(damon_stat_untouched) -> None:
@@ -122,6 +146,18 @@ def test_asking_for_vaddr_fails_at_once_naming_damon_stat() -> None:
     print(f"refused after {took:.1f} s")
 
 
+# DAMON_STAT tunes its intervals for 4 % of sampled accesses, from 5 ms / 100 ms at start up to
+# 10 s / 200 s samples / aggregations; the guest's 64 MiB hot buffer is about 1 % of its memory,
+# so they only ever grow while the test runs. How fast DAMON splits its physical regions down
+# to the hot frames depends on how short they still are when hotcold starts, which depended on
+# what the guest did since DAMON_STAT started. `damon-hp run` on this hotcold right after boot
+# (2026-11-27, the 7.3 VM, one busy loop or none on the host) met DAMON_STAT at 80 ms / 1.6 s
+# samples / aggregations and had the hot buffer huge 18-30 s in, three runs of three; this test
+# alone, beside a host busier than that, met it at 315 ms / 6.3 s, its readings of the target
+# flipped between all of it and none of it for four minutes, and it failed; a fresh-clone
+# suite's run of it took 318 s. Restarted, it starts at its boot intervals every time:
+# the state of a machine that booted with it, which is where a user starts damon-hp.
+@pytest.mark.fresh_damon_stat
 def test_run_with_no_option_promotes_the_hot_buffer_through_damon_stats_events(
         tmp_path, damon_stat_untouched) -> None:
     out = tmp_path / "out.json"
@@ -146,15 +182,6 @@ def test_run_with_no_option_promotes_the_hot_buffer_through_damon_stats_events(
 
 # --------------------------------------------------------------------------------------------
 # --pause-damon-stat: the user's explicit choice of damon-hp's own kdamond
-
-
-def _wait_for(cond, timeout_s: float = 120.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.2)
-    return cond()
 
 
 def test_pause_damon_stat_runs_vaddr_and_turns_damon_stat_back_on_at_sigterm(tmp_path) -> None:
