@@ -8,8 +8,10 @@ it is answered here only.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 PAGE_BYTES = 4096
@@ -81,10 +83,15 @@ def coalesce(starts: Iterable[int]) -> tuple[AddrRange, ...]:
     return tuple(out)
 
 
+# AddrRange's own order as a sort key: the generated __lt__ builds two tuples per comparison
+# (a third of `decide`'s sorting, 2026-11-27 profile).
+BOUNDS = attrgetter("start", "end")
+
+
 def merge_adjacent(ranges: Iterable[AddrRange]) -> list[AddrRange]:
     """Merge touching or overlapping ranges."""
     merged: list[AddrRange] = []
-    for r in sorted(ranges):
+    for r in sorted(ranges, key=BOUNDS):
         if merged and r.start <= merged[-1].end:
             merged[-1] = AddrRange(merged[-1].start, max(merged[-1].end, r.end))
         else:
@@ -92,15 +99,31 @@ def merge_adjacent(ranges: Iterable[AddrRange]) -> list[AddrRange]:
     return merged
 
 
+def _sorted_disjoint(ranges: list[AddrRange]) -> bool:
+    return all(a.end <= b.start for a, b in zip(ranges, ranges[1:], strict=False))
+
+
 def intersect(ranges: Iterable[AddrRange], limits: Iterable[AddrRange]) -> list[AddrRange]:
-    """The parts of `ranges` inside any of `limits` (one piece per overlapping pair)."""
+    """The parts of `ranges` inside any of `limits` (one piece per overlapping pair), in the
+    order of `ranges`, then of `limits`.
+
+    Limits given sorted and disjoint (a process's mappings) are found by bisection: the plain
+    double loop costs ranges x limits, and a MariaDB server maps hundreds of ranges."""
     limits = list(limits)
     out = []
+    if not _sorted_disjoint(limits):
+        for r in ranges:
+            for lim in limits:
+                start, end = max(r.start, lim.start), min(r.end, lim.end)
+                if start < end:
+                    out.append(AddrRange(start, end))
+        return out
+    ends = [lim.end for lim in limits]
     for r in ranges:
-        for lim in limits:
-            start, end = max(r.start, lim.start), min(r.end, lim.end)
-            if start < end:
-                out.append(AddrRange(start, end))
+        for lim in limits[bisect_right(ends, r.start):]:
+            if lim.start >= r.end:
+                break
+            out.append(AddrRange(max(r.start, lim.start), min(r.end, lim.end)))
     return out
 
 
@@ -139,6 +162,22 @@ def inside_any(start: int, ranges: Iterable[AddrRange]) -> bool:
     """Whether the 2 MiB range at `start` lies wholly inside one of `ranges`."""
     rng = huge_range(start)
     return any(r.contains(rng) for r in ranges)
+
+
+def starts_inside(starts: Iterable[int], ranges: Iterable[AddrRange]) -> set[int]:
+    """Those of `starts` whose 2 MiB range lies wholly inside one of `ranges`: `inside_any`
+    for many starts at once, in one sweep (sorted starts against ranges sorted by start,
+    keeping the furthest end reached: a range holding [s, s + 2 MiB) starts at or before s)."""
+    rs = sorted(ranges, key=BOUNDS)
+    out: set[int] = set()
+    i, reach = 0, -1
+    for s in sorted(starts):
+        while i < len(rs) and rs[i].start <= s:
+            reach = max(reach, rs[i].end)
+            i += 1
+        if reach >= s + HUGE_PAGE_BYTES:
+            out.add(s)
+    return out
 
 
 def covered(ranges: Iterable[AddrRange], by: Iterable[AddrRange]) -> bool:

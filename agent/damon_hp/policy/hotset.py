@@ -95,12 +95,12 @@ def hot_region_readings(snapshot: SnapshotLike,
     aggr_s = snapshot.aggr_us / 1e6
     readings = ((r, access_pct(r.nr_accesses, max_acc)) for r in snapshot.regions)
     return sorted(
-        (AddrRange(r.start, r.end), pct)
-        for r, pct in readings
-        if pct >= params.hot_access_pct
-        and r.age * aggr_s >= params.min_hot_age_s
-        and r.end > r.start
-    )
+        ((AddrRange(r.start, r.end), pct)
+         for r, pct in readings
+         if pct >= params.hot_access_pct
+         and r.age * aggr_s >= params.min_hot_age_s
+         and r.end > r.start),
+        key=lambda reading: (reading[0].start, reading[0].end, reading[1]))
 
 
 def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[AddrRange]:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from damon_hp.damon.model import PHYSICAL
-from damon_hp.ranges import HUGE_PAGE_BYTES, PAGES_PER_HUGE, AddrRange, coalesce, inside_any
+from damon_hp.ranges import HUGE_PAGE_BYTES, PAGES_PER_HUGE, AddrRange, coalesce, starts_inside
 
 from .hotset import HotSet, RangeHeat, SnapshotLike, hot_set, range_heat
 from .params import MIB, PolicyParams
@@ -31,7 +31,8 @@ def forget_unmapped(ranges: dict[int, RangeState], mappings: Sequence[AddrRange]
     """Drop the records of ranges whose memory is gone: nothing to keep huge or mark there."""
     if mappings is None:
         return
-    for start in [s for s in ranges if not inside_any(s, mappings)]:
+    kept = starts_inside(ranges, mappings)
+    for start in [s for s in ranges if s not in kept]:
         del ranges[start]
 
 
@@ -82,7 +83,7 @@ def advance_streaks(ranges: dict[int, RangeState], hot: HotSet, heat: Mapping[in
             s = s.then(got, max_acc, hot=True)
         elif s is not None:
             s = None if s.missed + 1 > params.promote_grace else s.then(0.0, max_acc, hot=False)
-        ranges[start] = replace(rec, streak=s)
+        ranges[start] = rec.with_streak(s)
 
 
 def evidence_suffices(s: Streak | None, now: float, params: PolicyParams) -> bool:
@@ -115,7 +116,7 @@ def judge_idle(ranges: dict[int, RangeState], heat: Mapping[int, RangeHeat], any
         rec = ranges[start]
         assert rec.huge is not None
         if reads_hot(start):
-            ranges[start] = replace(rec, huge=Huge(now))
+            ranges[start] = rec.with_huge(Huge(now))
             continue
         if not params.can_demote or not any_hot:
             continue
@@ -129,7 +130,7 @@ def judge_idle(ranges: dict[int, RangeState], heat: Mapping[int, RangeHeat], any
             ranges[start] = replace(rec, huge=None, demoted=True)
             demote.append(start)
         else:
-            ranges[start] = replace(rec, huge=h)
+            ranges[start] = rec.with_huge(h)
     return sorted(demote)
 
 
