@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 from damon_hp.damon.assembler import SnapshotAssembler
-from damon_hp.damon.event_lines import AggregatedEvent, lost_events, parse_event_line
+from damon_hp.damon.event_lines import (
+    AggregatedEvent,
+    lost_events,
+    parse_event_block,
+    parse_event_line,
+)
 from damon_hp.damon.events import (
     INSTANCE_PREFIX,
     AggregatedEventStream,
@@ -106,6 +111,83 @@ def test_parse_returns_none_for_other_lines():
 def test_lost_line_reports_how_many_events_were_dropped():
     assert lost_events("CPU:1 [LOST 1234 EVENTS]") == 1234
     assert lost_events(fixture_lines()[1]) == 0
+
+
+# -- parse_event_block: a whole read at once ------------------------------------------------
+
+
+def line_by_line(text: str) -> list[AggregatedEvent | None]:
+    return [parse_event_line(line) for line in text.splitlines()]
+
+
+def test_block_of_the_recorded_aggregations_equals_the_line_by_line_events():
+    text = "\n".join(fixture_lines()[1:]) + "\n"
+    events = parse_event_block(text)
+    assert events is not None and len(events) == len(fixture_lines()) - 1
+    assert events == line_by_line(text)
+
+
+ODD_LINES = [
+    "CPU:1 [LOST 12 EVENTS]",
+    "  kdamond.0-77 [001] ..... 1.0: damon_monitor_intervals_tune: sample_us=5000",
+    "  kdamond.0-77    (     77) [000] d..1.    12.5: damon_aggregated: "
+    "target_id=2 nr_regions=3 4096-8192: 0 1",  # tgid column: line by line reads it
+    "  kdamond.0-77    [000]    12.5: damon_aggregated: target_id=2 nr_regions=3 4096-8192: 0 1",
+    "  kdamond.0-77 [001] ..... 1.0: damon_aggregated: target_id=0 nr_regions=3 1-2: 0 1   ",
+    "  kdamond.0-77 [001] ..... 1: damon_aggregated: target_id=0 nr_regions=3 1-2: 0 1",
+    "  kdamond.0-77 [001] ..... 1.0: damon_aggregated: target_id=0 garbled",
+    "  kdamond.0-77 [001] ..... 1.0: damon_aggregated: target_id=0 nr_regions=3 1-2:\r0 1",
+    "",
+]
+
+
+def test_a_block_with_any_other_line_is_left_to_the_line_by_line_path():
+    good = fixture_lines()[1:4]
+    # two events joined by a separator splitlines cuts at and `.` crosses: two lines to the
+    # line by line path, one (the second) to a regular expression over "\n"-lines
+    joined = good[0] + "\r" + good[1]
+    assert len(line_by_line(joined + "\n")) == 2
+    for odd in [*ODD_LINES, joined]:
+        for at in (0, 1, 3):
+            lines = [*good[:at], odd, *good[at:]]
+            assert parse_event_block("\n".join(lines) + "\n") is None, (odd, at)
+    # and a block cut mid-line (the reader keeps the tail for the next read)
+    assert parse_event_block("\n".join(good)) is None
+    assert parse_event_block("") is None
+
+
+def test_what_the_block_reads_is_what_each_line_reads_for_comms_and_numbers():
+    payload = "damon_aggregated: target_id=7 nr_regions=2 8192-16384: 19 123"
+    heads = ["  kdamond.3-4021    [000] d..1.    12.500001: ",
+             "  my-odd comm-1234   [003] .....    0.000000: ",  # '-' and ' ' in the comm
+             "kdamond.0-1 [1] . 99999.999999: "]
+    text = "".join(h + payload + "\n" for h in heads)
+    events = parse_event_block(text)
+    assert events == line_by_line(text)
+    assert [(e.pid, e.target_id, e.nr_accesses, e.age) for e in events] == [
+        (4021, 7, 19, 123), (1234, 7, 19, 123), (1, 7, 19, 123)]
+
+
+def test_stream_reads_blocks_and_odd_lines_alike(tmp_path):
+    """The reader's two paths give the same snapshots: the recorded aggregations fed in reads
+    of any size, with and without a LOST marker between them."""
+    text = "\n".join(fixture_lines()[1:]) + "\n"
+    for size in (100, 4096, 1 << 16, len(text)):
+        stream = AggregatedEventStream(77, sample_us=SAMPLE_US, aggr_us=AGGR_US)
+        data = text.encode()
+        for i in range(0, len(data), size):
+            stream._feed_bytes(data[i:i + size])
+        snaps = list(stream._ready)
+        expect = assembler().feed_all(fixture_events())
+        assert [s.regions for s in snaps] == [s.regions for s in expect], size
+    first, second = bursts(fixture_events())[:2]
+    lines = fixture_lines()[1:]
+    cut = len(first) // 2
+    lost = [*lines[:cut], "CPU:0 [LOST 3 EVENTS]", *lines[cut:]]
+    stream = AggregatedEventStream(77, sample_us=SAMPLE_US, aggr_us=AGGR_US)
+    stream._feed_bytes(("\n".join(lost) + "\n").encode())
+    assert stream.lost_events == 3
+    assert [s.regions for s in stream._ready] == [assembler().feed_all(second)[0].regions]
 
 
 # -- SnapshotAssembler -------------------------------------------------------------------------
