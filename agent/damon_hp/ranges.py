@@ -120,7 +120,8 @@ def intersect(ranges: Iterable[AddrRange], limits: Iterable[AddrRange]) -> list[
         return out
     ends = [lim.end for lim in limits]
     for r in ranges:
-        for lim in limits[bisect_right(ends, r.start):]:
+        for i in range(bisect_right(ends, r.start), len(limits)):  # no slice: no copy
+            lim = limits[i]
             if lim.start >= r.end:
                 break
             out.append(AddrRange(max(r.start, lim.start), min(r.end, lim.end)))
