@@ -168,7 +168,7 @@ def test_what_the_block_reads_is_what_each_line_reads_for_comms_and_numbers():
         (4021, 7, 19, 123), (1234, 7, 19, 123), (1, 7, 19, 123)]
 
 
-def test_stream_reads_blocks_and_odd_lines_alike(tmp_path):
+def test_stream_reads_blocks_and_odd_lines_alike():
     """The reader's two paths give the same snapshots: the recorded aggregations fed in reads
     of any size, with and without a LOST marker between them."""
     text = "\n".join(fixture_lines()[1:]) + "\n"
