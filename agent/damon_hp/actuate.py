@@ -318,6 +318,13 @@ class Applied:
             out[r.start] = r.error
         return out
 
+    @property
+    def touched_nothing(self) -> bool:
+        """Nothing was done to the target's page tables or VMAs (a mark splits a VMA, and with
+        it a PMD mapping, actuate's module docstring)."""
+        return not (self.collapses or self.adopted or self.damos_collapses or self.demotions
+                    or self.recollapses or self.commit is not None)
+
     def action_records(self) -> list[dict[str, Any]]:
         """One dict per action, for the report (without the time stamp)."""
         recs = [r.to_dict() for r in (*self.damos_collapses, *self.collapses, *self.recollapses,

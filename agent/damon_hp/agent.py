@@ -283,7 +283,7 @@ class Agent:
         entry.unsteady = decision.unsteady
         rep.record_applied(applied, time.monotonic() - self.started_at, entry)
         with self.pipeline.cpu.stage(stagecpu.MEASURE):
-            self._measure(entry, decision.hot_regions, obs.mappings)
+            self._measure(entry, decision.hot_regions, obs.mappings, applied)
         rep.monitoring_cpu_by_stage = self.pipeline.cpu.to_dict()
         rep.hot_bytes = entry.hot_bytes
         rep.hot_huge_bytes = entry.hot_huge_bytes
@@ -296,14 +296,18 @@ class Agent:
         self._tick()
 
     def _measure(self, entry: report.TimelineEntry, hot: tuple[AddrRange, ...],
-                 mappings: list[AddrRange]) -> None:
+                 mappings: list[AddrRange], applied: actuate.Applied) -> None:
         """What the target holds after this snapshot's actions."""
         # One PAGEMAP_SCAN of the private anonymous mappings for both numbers: anonymous huge
         # pages live only there, so their PMD-mapped bytes are smaps_rollup's AnonHugePages,
         # whose read walked every page with its rmap counts (~30 ms per 4 GiB target on the
-        # CI host, the agent's largest cost per snapshot after the reverse map).
+        # CI host, the agent's largest cost per snapshot after the reverse map). After a
+        # snapshot that did nothing, the frame reader's own scan of this aggregation answers.
+        frames = self.pipeline.frames if self.pipeline is not None else None
+        known = (frames.huge_parts(mappings)
+                 if frames is not None and applied.touched_nothing else None)
         try:
-            huge = self.files.huge_regions_in(mappings)
+            huge = known if known is not None else self.files.huge_regions_in(mappings)
         except procfs.PagemapScanUnsupported:
             entry.huge_bytes = self.files.rollup().get("AnonHugePages")
             entry.hot_huge_bytes = None if hot else 0

@@ -26,6 +26,7 @@ from damon_hp.frame_reader import FrameReader
 from damon_hp.frames import PM_PFN_MASK, PM_PRESENT, read_page_frames
 from damon_hp.pipeline import Observer
 from damon_hp.procfs import ProcessFiles
+from damon_hp.ranges import AddrRange, merge_adjacent
 
 HERE = Path(__file__).resolve().parent
 HUGE = 2 << 20
@@ -90,6 +91,15 @@ def check_read(reader: FrameReader, pid: int):
     assert got.resident_pages == fresh.resident_pages
     phys = physical(fresh)
     assert reverse_map(phys, got) == reverse_map(phys, fresh)
+    # What it says is PMD-mapped is what a PAGEMAP_SCAN for PAGE_IS_HUGE finds now; it
+    # answers only for the ranges it read.
+    wanted = [AddrRange(lo, hi) for lo, hi in ranges]
+    files = ProcessFiles(pid)
+    try:
+        assert reader.huge_parts(wanted) == merge_adjacent(files.huge_regions_in(wanted))
+    finally:
+        files.close()
+    assert reader.huge_parts(wanted[1:]) is None
     return got
 
 
@@ -117,6 +127,8 @@ def test_frame_reader_reuses_only_unchanged_ranges_and_is_never_stale(child):
     read_before = reader.ranges_read + reader.windows_read
     got = check_read(reader, pid)
     assert pfns(got)[start] != old and reader.ranges_read + reader.windows_read > read_before
+    assert any(r.start <= start and start + HUGE <= r.end
+               for r in reader.huge_parts(AddrRange(lo, hi) for lo, hi in ranges_of(pid)))
 
     # Drop half a range's pages: no fault, fewer present pages.
     madvise(proc, start + HUGE, HUGE // 2, MADV_DONTNEED)

@@ -64,9 +64,16 @@ class Managed:
                 "hot_bytes": self.hot_bytes, "anon_huge_bytes": self.huge_bytes,
                 "skipped": self.skipped}
 
-    def measure_huge(self) -> int | None:
+    def measure_huge(self, applied: actuate.Applied | None = None) -> int | None:
         """Bytes of its private anonymous memory on PMD huge pages: one PAGEMAP_SCAN
-        (smaps_rollup's AnonHugePages walks every page with its rmap counts, ~30 ms per 4 GiB)."""
+        (smaps_rollup's AnonHugePages walks every page with its rmap counts, ~30 ms per 4 GiB),
+        or, after a round that did nothing to it (`applied`), the frame reader's scan of this
+        round (FrameReader.huge_parts)."""
+        frames = self.pipeline.frames
+        if frames is not None and applied is not None and applied.touched_nothing:
+            known = frames.huge_parts(self.mappings)
+            if known is not None:
+                return sum(r.size for r in known)
         try:
             return sum(r.size for r in self.files.huge_regions_in(self.mappings))
         except procfs.PagemapScanUnsupported:

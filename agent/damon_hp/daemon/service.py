@@ -426,7 +426,7 @@ class Service:
             try:
                 applied = m.pipeline.act(decision, snap.taken_at_s)
                 with m.pipeline.cpu.stage(stagecpu.MEASURE):
-                    m.huge_bytes = m.measure_huge()
+                    m.huge_bytes = m.measure_huge(applied)
             except procfs.ProcessGone:
                 self._release(pid, "exited")
                 continue
