@@ -168,12 +168,13 @@ def test_a_source_that_cannot_demote_keeps_its_huge_ranges_without_idle_bookkeep
         _, st = run(hot_then_idle, p)
         assert (BASE in st.demoted) is demoted
         assert (BASE in st.promoted_last_hot) is not demoted
-    # idle for 40 s, then hot again: promoted throughout, no new streak, no new collapse
+    # idle for 40 s, then hot again: promoted throughout, no new streak, no new collapse, and
+    # no idle time dated (its last hot reading stays that of its promotion)
     p = PolicyParams(can_demote=False)
     seq = [snap(0.0, (0, 1, 20, 0))] + [snap(0.4 * k, (0, 1, 0, 0)) for k in range(1, 100)]
     seq.append(snap(40.0, (0, 1, 20, 0)))
     when, st = run(seq, p)
-    assert when == {BASE: 0.0} and st.promoted_last_hot == {BASE: 40.0} and not st.streaks
+    assert when == {BASE: 0.0} and st.promoted_last_hot == {BASE: 0.0} and not st.streaks
 
 
 @pytest.mark.parametrize("dense_first", [True, False])

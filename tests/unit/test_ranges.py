@@ -1,6 +1,7 @@
 """ranges.py's sweeps against their plain definitions: `intersect` (bisection over sorted,
 disjoint limits), `starts_inside` (`inside_any` for many starts) and `merge_adjacent` (sorted by
-a key, not the dataclass order), on random ranges that touch, overlap, nest and share ends."""
+a key, not the dataclass order), and the policy's `dominant_part` (a shortcut for a region inside
+one mapping), on random ranges that touch, overlap, nest and share ends."""
 
 from __future__ import annotations
 
@@ -91,3 +92,31 @@ def test_merge_adjacent_equals_the_covered_runs() -> None:
         ranges = random_ranges(rng, rng.randrange(0, 10), disjoint=False)
         rng.shuffle(ranges)
         assert merge_adjacent(ranges) == plain_merge(ranges), (seed, ranges)
+
+
+def test_dominant_part_is_its_definition() -> None:
+    """policy.hotset.dominant_part (with its shortcut for a region inside one mapping) against
+    the plain definition: the largest piece of the region inside one mapping, if it holds
+    `share` % of the region and the rest cannot explain the reading."""
+    from damon_hp.policy.hotset import REST_MARGIN, dominant_part
+
+    def plain(region: AddrRange, maps: list[AddrRange], share: float, pct: float):
+        best = None
+        for m in maps:
+            a, b = max(region.start, m.start), min(region.end, m.end)
+            if b > a and (best is None or b - a > best.size):
+                best = AddrRange(a, b)
+        if best is None or 100 * best.size < share * region.size:
+            return None
+        rest = 100.0 * (region.size - best.size) / region.size
+        return None if rest > 0 and pct <= REST_MARGIN * rest else best
+
+    unit = 1 << 20
+    for seed in SEEDS:
+        rng = random.Random(seed)
+        maps = random_ranges(rng, rng.randrange(1, 12), disjoint=True)
+        for _ in range(20):
+            lo = rng.randrange(0, 60) * unit
+            region = AddrRange(lo, lo + rng.randrange(1, 12) * unit)
+            share, pct = rng.choice((50.0, 90.0, 100.0, 101.0)), rng.uniform(0, 100)
+            assert dominant_part(region, maps, share, pct) == plain(region, maps, share, pct)

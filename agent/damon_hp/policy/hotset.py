@@ -6,11 +6,15 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, huge_starts, intersect, merge_adjacent
 
 from .params import PolicyParams
+
+_START = attrgetter("start")
+_END = attrgetter("end")
 
 
 class RegionLike(Protocol):
@@ -62,7 +66,7 @@ def range_heat(snapshot: SnapshotLike, starts: Iterable[int]) -> dict[int, Range
 
     Regions are sorted; a two-pointer walk keeps this linear in regions + ranges.
     """
-    regions = sorted(snapshot.regions, key=lambda r: r.start)
+    regions = sorted(snapshot.regions, key=_START)
     max_acc = snapshot.max_nr_accesses
     heat: dict[int, RangeHeat] = {}
     i = 0
@@ -93,7 +97,11 @@ def hot_region_readings(snapshot: SnapshotLike,
     its access frequency (percent of the snapshot's samples)."""
     max_acc = snapshot.max_nr_accesses
     aggr_s = snapshot.aggr_us / 1e6
-    readings = ((r, access_pct(r.nr_accesses, max_acc)) for r in snapshot.regions)
+    regions = snapshot.regions
+    if params.hot_access_pct > 0:
+        # A region never accessed reads 0 %: most of a large target's, skipped unread.
+        regions = [r for r in regions if r.nr_accesses > 0]
+    readings = ((r, access_pct(r.nr_accesses, max_acc)) for r in regions)
     return sorted(
         ((AddrRange(r.start, r.end), pct)
          for r, pct in readings
@@ -131,7 +139,12 @@ def dominant_part(region: AddrRange, mappings: Sequence[AddrRange],
     collapsed.
     """
     best = None
-    first = bisect_right(mappings, region.start, key=lambda m: m.end)
+    first = bisect_right(mappings, region.start, key=_END)
+    if (first < len(mappings) and mappings[first].start <= region.start
+            and region.end <= mappings[first].end and share_pct <= 100):
+        # Wholly inside one mapping (a reverse-mapped window always is): all of it, nothing
+        # outside to explain its reading. The walk below returns the same.
+        return region
     for m in mappings[first:]:
         if m.start >= region.end:
             break

@@ -103,8 +103,12 @@ def judge_idle(ranges: dict[int, RangeState], heat: Mapping[int, RangeHeat], any
     table, so a hot set whose translations stay cached reads idle however busy it is. Idle time
     counts as huge-witnessed when another promoted range read hot in the same snapshot, as
     base-witnessed when only memory on 4 KiB pages did, and not at all when nothing did.
-    Sources that cannot demote (`can_demote` False) only refresh.
+    Sources that cannot demote (`can_demote` False) keep no such bookkeeping.
     """
+    if not params.can_demote:
+        # Nothing to refresh: the last hot reading only dates the idle time demotion counts.
+        return []
+
     def reads_hot(start: int) -> bool:
         h = heat.get(start)
         return h is not None and h.max_pct >= params.hot_access_pct
