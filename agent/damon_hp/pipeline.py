@@ -148,14 +148,6 @@ class Observation:
         return procfs.thp_disabled_by_process(self.status)
 
 
-def _window_counts(ranges: tuple[revmap.RangeAccess, ...]) -> dict[int, int]:
-    counts: dict[int, int] = {}
-    for r in ranges:
-        start = r.start - r.start % HUGE_PAGE_BYTES
-        counts[start] = counts.get(start, 0) + r.resident_pages
-    return counts
-
-
 class Observer:
     """Observe one process: its virtual picture of each aggregation, first touch marked.
     Read-only (`damon-hp advise` watches through it alone)."""
@@ -192,7 +184,7 @@ class Observer:
             mapped = self.last_mapped = self._reverse_map(snap, mappings)
             if mapped.resident_pages:
                 share = mapped.monitored_pages / mapped.resident_pages
-            virt, counts = mapped.snapshot, _window_counts(mapped.ranges)
+            virt, counts = mapped.snapshot, mapped.window_counts()
         # Snapshot times are CLOCK_MONOTONIC (events.py), the clock of time.monotonic().
         unsteady = self.first_touch.update(counts, snap, looked_at_s=time.monotonic())
         if self.new_coverage is not None:
@@ -214,7 +206,7 @@ class Observer:
             mapped = revmap.reverse_map(snap, page_frames)
         if not self.frames.unverified:
             return mapped
-        hot = [r.start - r.start % HUGE_PAGE_BYTES for r in mapped.ranges if r.nr_accesses]
+        hot = mapped.hot_windows()
         with self.cpu.stage(stagecpu.PROCFS):
             checked = self.frames.verify(hot)
         if checked is None:
