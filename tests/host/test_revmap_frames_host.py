@@ -178,3 +178,42 @@ def refault(proc, start: int, length: int) -> str:
     proc.stdin.write(f"refault {start} {length}\n")
     proc.stdin.flush()
     return proc.stdout.readline().strip()
+
+
+def test_the_full_read_period_doubles_while_full_reads_find_the_kept_frames(child):
+    """The bound on unsignalled moves: every full read that finds what was kept doubles the
+    period up to FULL_READ_MAX_S, one that finds a frame moved without any counter showing it
+    sets it back (a move of that kind is emulated by altering a kept entry)."""
+    from damon_hp.frame_reader import FULL_READ_EVERY_S, FULL_READ_MAX_S
+
+    _, layout = child
+    pid = layout["pid"]
+    now = [0.0]
+    reader = FrameReader(pid, clock=lambda: now[0])
+    reader.read(ranges_of(pid))
+    seen = []
+    for _ in range(12):  # a collapse or migration elsewhere on the machine sets it back: retry
+        now[0] += reader.full_read_every_s
+        before = reader.ranges_read
+        reader.read(ranges_of(pid))
+        assert reader.ranges_read > before, "a due full read was skipped"
+        seen.append(reader.full_read_every_s)
+        if reader.full_read_every_s == FULL_READ_MAX_S:
+            break
+    else:
+        pytest.fail(f"the period never reached {FULL_READ_MAX_S} s: {seen}")
+    assert set(seen) <= {FULL_READ_EVERY_S, 2 * FULL_READ_EVERY_S, FULL_READ_MAX_S}
+    # Not due: no full read.
+    now[0] += FULL_READ_MAX_S / 2
+    before = reader.ranges_read
+    reader.read(ranges_of(pid))
+    assert reader.ranges_read == before or reader.full_read_every_s == FULL_READ_EVERY_S
+    # A kept entry that no longer says where the page is: found at the next full read.
+    rng = next(r for r in reader._ranges if reader._ranges[r][1])
+    run = reader._ranges[rng][1][0]
+    real = run.entries[0]
+    run.entries[0] = real ^ 1
+    now[0] += reader.full_read_every_s
+    got = reader.read(ranges_of(pid))
+    assert pfns(got) == pfns(read_page_frames(pid, ranges_of(pid)))
+    assert reader.full_read_every_s == FULL_READ_EVERY_S
