@@ -286,7 +286,10 @@ def decide(snapshot: SnapshotLike, state: PolicyState, params: PolicyParams, *,
     hot_lookup = set(hot.ranges)
     ranges = dict(state.ranges)
     forget_unmapped(ranges, mappings)
-    heat = range_heat(snapshot, hot_lookup | {s for s, r in ranges.items() if r.huge})
+    huge = {s for s, r in ranges.items() if r.huge}
+    # A promoted range's heat serves only demotion (judge_idle); the others' their streak and
+    # their rank.
+    heat = range_heat(snapshot, (hot_lookup - huge) | (huge if params.can_demote else set()))
     withheld = withheld_ranges(snapshot)
     advance_streaks(ranges, hot, heat, snapshot, params, withheld)
     # An idle range overlaps no hot region, so any hot region is a witness from elsewhere.
