@@ -50,6 +50,9 @@ _MARK = ": damon_aggregated: "
 _HEAD = re.compile(r"-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+(?:\S+\s+)?(\d+(?:\.\d+)?)$")
 _PAYLOAD = re.compile(r"target_id=(\d+) nr_regions=(\d+) (\d+)-(\d+): (\d+) (\d+)\s*$")
 _LOST = re.compile(r"\[LOST (\d+) EVENTS\]")
+# What str.splitlines splits at besides "\n": looking for each (a fast substring search) is
+# cheaper than splitting the block.
+_OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 # One plain line: "comm-pid [cpu] flags seconds.micros: damon_aggregated: <payload>". Narrower
 # than what parse_event_line takes (no tgid column, flags present, a fractional timestamp, the
 # payload single-spaced to the line's end), never wider: a block it cannot read whole goes line
@@ -71,10 +74,10 @@ def parse_event_block(text: str) -> list[AggregatedEvent] | None:
     """The events of `text`, whole lines each ending in a newline, if every line is a plain
     event line; else None (read it line by line: `parse_event_line` and the others)."""
     found = _PLAIN_LINE.findall(text)
-    lines = text.count("\n")
     # splitlines also splits at \r, \f and other separators that `.` crosses: a block holding
     # any is left to the line by line path, which sees the lines splitlines makes
-    if len(found) != lines or not text.endswith("\n") or len(text.splitlines()) != lines:
+    if (len(found) != text.count("\n") or not text.endswith("\n")
+            or any(c in text for c in _OTHER_BREAKS)):
         return None
     return [AggregatedEvent(int(pid), float(ts), int(target), int(nr), int(start), int(end),
                             int(acc), int(age))
