@@ -75,8 +75,9 @@ class FrameReader:
     window whose frames moved and that reads idle through its old frames is only late: it is
     read again at the next full read.
     The counters are read before the page tables, so a move during a read shows as a change at
-    the next one. Every FULL_READ_EVERY_S, and without PAGEMAP_SCAN always, all is read; a
-    range whose entries read as before keeps its extents.
+    the next one. Every `full_read_every_s` (FULL_READ_EVERY_S, growing while nothing is
+    found that no counter showed), and without PAGEMAP_SCAN always, all is read; a range whose
+    entries read as before keeps its extents.
     """
 
     def __init__(self, pid: int, *, eager: bool = True,
