@@ -12,7 +12,8 @@ import os
 import time
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -363,6 +364,35 @@ def _page_counters(pid: int) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
     summing them: an unmap smaller than their batch on each CPU (32 pages per CPU here) may not
     show, and waits for the next full read."""
     moving: tuple[int, ...] | None = None
+    ksm, moves, churn = _machine_counters()
+    stat = read_stat(pid)
+    if not ksm:
+        moving = (*moves, stat.minflt + stat.majflt)
+    return moving, (*churn, stat.rss_pages)
+
+
+# The machine's counters for a round of reads (`shared_machine_counters`), else None.
+_round: list[tuple[bool, tuple[int, ...], tuple[int, ...]]] | None = None
+
+
+@contextmanager
+def shared_machine_counters() -> Iterator[None]:
+    """Within it, the machine's counters are read once, by the first read, for every process
+    read: damon-hpd reads all its processes' frames in one round before it acts on any, and
+    parsing /proc/vmstat for each cost ~0.1 ms per process. A move after that one read shows
+    at the next round, as a move during a page-table read does."""
+    global _round
+    _round = []
+    try:
+        yield
+    finally:
+        _round = None
+
+
+def _machine_counters() -> tuple[bool, tuple[int, ...], tuple[int, ...]]:
+    """(KSM runs, _VMSTAT_MOVES, _VMSTAT_CHURN)."""
+    if _round:
+        return _round[0]
     try:
         with open("/sys/kernel/mm/ksm/run", "rb") as f:
             ksm = f.read().strip() != b"0"
@@ -370,9 +400,8 @@ def _page_counters(pid: int) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
         ksm = False  # no KSM in this kernel
     with open("/proc/vmstat", "rb") as f:
         counters = dict(line.split() for line in f.read().splitlines())
-    stat = read_stat(pid)
-    if not ksm:
-        moving = (*(int(counters.get(name, -1)) for name in _VMSTAT_MOVES),
-                  stat.minflt + stat.majflt)
-    churn = (*(int(counters.get(name, -1)) for name in _VMSTAT_CHURN), stat.rss_pages)
-    return moving, churn
+    read = (ksm, tuple(int(counters.get(name, -1)) for name in _VMSTAT_MOVES),
+            tuple(int(counters.get(name, -1)) for name in _VMSTAT_CHURN))
+    if _round is not None:
+        _round.append(read)
+    return read

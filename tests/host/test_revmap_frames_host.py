@@ -217,3 +217,15 @@ def test_the_full_read_period_doubles_while_full_reads_find_the_kept_frames(chil
     got = reader.read(ranges_of(pid))
     assert pfns(got) == pfns(read_page_frames(pid, ranges_of(pid)))
     assert reader.full_read_every_s == FULL_READ_EVERY_S
+
+
+def test_a_round_reads_the_machine_counters_once():
+    """damon-hpd's round observes every process before it acts on any: the machine's counters
+    are read once for all of them, and again for every read outside a round."""
+    from damon_hp.frame_reader import _machine_counters, shared_machine_counters
+
+    with shared_machine_counters():
+        first = _machine_counters()
+        assert _machine_counters() is first
+    assert _machine_counters() is not first
+    assert _machine_counters() is not _machine_counters()

@@ -53,6 +53,7 @@ from damon_hp.damon import ownership, placement, revmap, sources
 from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import Snapshot
 from damon_hp.errors import DamonHpError, EnvironmentProblem
+from damon_hp.frame_reader import shared_machine_counters
 from damon_hp.options import MonitorOptions
 from damon_hp.pipeline import params_for_source
 
@@ -393,18 +394,21 @@ class Service:
         this time decide nothing, and what they hold still counts against the budgets)."""
         thp = procfs.thp_mode()
         candidates: list[budget_mod.Candidate] = []
-        for pid, m in list(self.managed.items()):
-            snap = phys if virt is None else virt.get(pid)
-            if snap is None:
-                continue
-            try:
-                decision = self._decide(m, snap, thp)
-            except (procfs.ProcessGone, revmap.ProcessGone):
-                self._release(pid, "exited")
-                continue
-            if decision is not None:
-                candidates += [budget_mod.Candidate(pid, m.rule, s, decision.benefit[s])
-                               for s in decision.promote]
+        # Every process is observed before any is acted on: one read of the machine's
+        # frame-moving counters serves them all.
+        with shared_machine_counters():
+            for pid, m in list(self.managed.items()):
+                snap = phys if virt is None else virt.get(pid)
+                if snap is None:
+                    continue
+                try:
+                    decision = self._decide(m, snap, thp)
+                except (procfs.ProcessGone, revmap.ProcessGone):
+                    self._release(pid, "exited")
+                    continue
+                if decision is not None:
+                    candidates += [budget_mod.Candidate(pid, m.rule, s, decision.benefit[s])
+                                   for s in decision.promote]
         held = {pid: m.held_bytes for pid, m in self.managed.items()}
         held_before = sum(held.values())
         adm = budget_mod.admit(
