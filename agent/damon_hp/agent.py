@@ -285,6 +285,7 @@ class Agent:
         with self.pipeline.cpu.stage(stagecpu.MEASURE):
             self._measure(entry, decision.hot_regions, obs.mappings, applied)
         rep.monitoring_cpu_by_stage = self.pipeline.cpu.to_dict()
+        entry.stage_cpu_s = round(sum(rep.monitoring_cpu_by_stage.values()), 4)
         rep.hot_bytes = entry.hot_bytes
         rep.hot_huge_bytes = entry.hot_huge_bytes
         rep.observe_memory(entry.huge_bytes, status.vm_rss, status.vm_pte)

@@ -77,6 +77,10 @@ class TimelineEntry:
     schemes_changed: bool = False
     monitored_share: float | None = None  # physical sources: see RunReport.monitored_share
     unsteady: int = 0  # hot ranges whose reading was withheld: they gained resident pages
+    stage_cpu_s: float | None = None
+    """the pipeline's CPU in its stages (summary.monitoring_cpu_by_stage, summed) from the start
+    to this snapshot, collapse copies left out: its rise between two entries is what watching
+    cost over that stretch, without the start-up"""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

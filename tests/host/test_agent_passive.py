@@ -101,6 +101,9 @@ def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_d
     assert p.returncode == 0, stderr
     report = json.loads(out.read_text())
     s = report["summary"]
+    # Each snapshot's stage CPU so far: it only grows, up to the summary's by stage.
+    cpu = [e["stage_cpu_s"] for e in report["timeline"]]
+    assert cpu == sorted(cpu) and 0 < cpu[-1] <= sum(s["monitoring_cpu_by_stage"].values()) + 1e-3
     assert s["source"]["name"] == "passive"
     assert s["source"]["kdamond_pid"] == kdamond_pid
     assert s["source"]["reader"] == "event stream + pagemap reverse map"
