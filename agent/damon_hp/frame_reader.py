@@ -12,11 +12,11 @@ import os
 import time
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from damon_hp.frame_moves import page_counters
 from damon_hp.frames import (
     ENTRY_BYTES,
     WINDOW_PAGES,
@@ -30,7 +30,7 @@ from damon_hp.frames import (
     read_range,
     scan_present,
 )
-from damon_hp.procfs import PAGE_IS_HUGE, open_pagemap, read_stat
+from damon_hp.procfs import PAGE_IS_HUGE, open_pagemap
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES, AddrRange, merge_adjacent
 
 # Re-read every frame at least this often even when nothing says one moved: a bound on how long
@@ -62,7 +62,7 @@ class FrameReader:
     A range whose stretches are unchanged keeps its entries and extents, and in a range whose
     stretches changed only the 2 MiB windows where they differ are read again (extents never
     cross a window, so the others' stay exact). When neither those counters nor the ones that
-    say a page was unmapped or collapsed in place (`_page_counters`) moved, the page tables are
+    say a page was unmapped or collapsed in place (frame_moves.py) moved, the page tables are
     not walked at all: a steady process costs three small procfs reads per snapshot.
 
     When the counters moved since the last read, any kept window may be stale. `eager` (a
@@ -103,7 +103,7 @@ class FrameReader:
 
     def read(self, ranges: Iterable[tuple[int, int]]) -> PageFrames:
         wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
-        moves, churn = _page_counters(self.pid)
+        moves, churn = page_counters(self.pid)
         now = self._clock()
         due = now - self._full_at >= self.full_read_every_s
         if (not due and moves is not None and moves == self._moves and churn == self._churn
@@ -346,62 +346,3 @@ def _patch(fd: int, path: str, rng: tuple[int, int], runs: Sequence[FrameRun], e
     merged = Extents(vpage[order], np.concatenate((ext.pfn[keep], new_ext.pfn))[order],
                       np.concatenate((ext.n[keep], new_ext.n))[order])
     return sorted(kept + read, key=lambda r: r.start), merged
-
-
-_VMSTAT_MOVES = (b"pgmigrate_success", b"thp_split_page", b"thp_split_pmd")
-# Events that change which pages of a process are present or PMD-mapped without moving a kept
-# frame elsewhere or faulting: collapses (khugepaged's and MADV_COLLAPSE's alike:
-# alloc_charge_folio, mm/khugepaged.c, counts every huge folio a collapse allocates), swap-out,
-# reclaimed MADV_FREE pages.
-_VMSTAT_CHURN = (b"thp_collapse_alloc", b"pswpout", b"pglazyfreed")
-
-
-def _page_counters(pid: int) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
-    """(moves, churn): the counters that say frames may have moved (None when they may move
-    untracked: KSM runs), then those that say pages were unmapped or collapsed in place, with
-    the target's resident pages (an unmap with no counter of its own, such as MADV_DONTNEED,
-    lowers them). /proc/PID/stat's RSS is get_mm_rss, which reads the per-CPU counters without
-    summing them: an unmap smaller than their batch on each CPU (32 pages per CPU here) may not
-    show, and waits for the next full read."""
-    moving: tuple[int, ...] | None = None
-    ksm, moves, churn = _machine_counters()
-    stat = read_stat(pid)
-    if not ksm:
-        moving = (*moves, stat.minflt + stat.majflt)
-    return moving, (*churn, stat.rss_pages)
-
-
-# The machine's counters for a round of reads (`shared_machine_counters`), else None.
-_round: list[tuple[bool, tuple[int, ...], tuple[int, ...]]] | None = None
-
-
-@contextmanager
-def shared_machine_counters() -> Iterator[None]:
-    """Within it, the machine's counters are read once, by the first read, for every process
-    read: damon-hpd reads all its processes' frames in one round before it acts on any, and
-    parsing /proc/vmstat for each cost ~0.1 ms per process. A move after that one read shows
-    at the next round, as a move during a page-table read does."""
-    global _round
-    _round = []
-    try:
-        yield
-    finally:
-        _round = None
-
-
-def _machine_counters() -> tuple[bool, tuple[int, ...], tuple[int, ...]]:
-    """(KSM runs, _VMSTAT_MOVES, _VMSTAT_CHURN)."""
-    if _round:
-        return _round[0]
-    try:
-        with open("/sys/kernel/mm/ksm/run", "rb") as f:
-            ksm = f.read().strip() != b"0"
-    except FileNotFoundError:
-        ksm = False  # no KSM in this kernel
-    with open("/proc/vmstat", "rb") as f:
-        counters = dict(line.split() for line in f.read().splitlines())
-    read = (ksm, tuple(int(counters.get(name, -1)) for name in _VMSTAT_MOVES),
-            tuple(int(counters.get(name, -1)) for name in _VMSTAT_CHURN))
-    if _round is not None:
-        _round.append(read)
-    return read

@@ -222,7 +222,7 @@ def test_the_full_read_period_doubles_while_full_reads_find_the_kept_frames(chil
 def test_a_round_reads_the_machine_counters_once():
     """damon-hpd's round observes every process before it acts on any: the machine's counters
     are read once for all of them, and again for every read outside a round."""
-    from damon_hp.frame_reader import _machine_counters, shared_machine_counters
+    from damon_hp.frame_moves import _machine_counters, shared_machine_counters
 
     with shared_machine_counters():
         first = _machine_counters()

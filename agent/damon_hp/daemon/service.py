@@ -53,7 +53,7 @@ from damon_hp.damon import ownership, placement, revmap, sources
 from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import Snapshot
 from damon_hp.errors import DamonHpError, EnvironmentProblem
-from damon_hp.frame_reader import shared_machine_counters
+from damon_hp.frame_moves import shared_machine_counters
 from damon_hp.options import MonitorOptions
 from damon_hp.pipeline import params_for_source
 

@@ -1,0 +1,74 @@
+"""Whether a process's page frames may have moved since a look: the kernel's counters that say
+so, for FrameReader (frame_reader.py), which re-reads pagemap only when they moved.
+
+    page_counters(pid) -> (moves | None, churn)    the machine's counters and the process's own
+    with shared_machine_counters(): ...             one read of the machine's for a whole round
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from damon_hp.procfs import read_stat
+
+# Events that move a page to another frame: migration (compaction, NUMA balancing, demotion)
+# and THP splits (which may remap zero-filled pages to the zero page, or follow a collapse
+# within one interval).
+_VMSTAT_MOVES = (b"pgmigrate_success", b"thp_split_page", b"thp_split_pmd")
+# Events that change which pages of a process are present or PMD-mapped without moving a kept
+# frame elsewhere or faulting: collapses (khugepaged's and MADV_COLLAPSE's alike:
+# alloc_charge_folio, mm/khugepaged.c, counts every huge folio a collapse allocates), swap-out,
+# reclaimed MADV_FREE pages.
+_VMSTAT_CHURN = (b"thp_collapse_alloc", b"pswpout", b"pglazyfreed")
+
+
+def page_counters(pid: int) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """(moves, churn): the counters that say frames may have moved (None when they may move
+    untracked: KSM runs), then those that say pages were unmapped or collapsed in place, with
+    the target's resident pages (an unmap with no counter of its own, such as MADV_DONTNEED,
+    lowers them). /proc/PID/stat's RSS is get_mm_rss, which reads the per-CPU counters without
+    summing them: an unmap smaller than their batch on each CPU (32 pages per CPU here) may not
+    show, and waits for the next full read."""
+    moving: tuple[int, ...] | None = None
+    ksm, moves, churn = _machine_counters()
+    stat = read_stat(pid)
+    if not ksm:
+        moving = (*moves, stat.minflt + stat.majflt)
+    return moving, (*churn, stat.rss_pages)
+
+
+# The machine's counters for a round of reads (`shared_machine_counters`), else None.
+_round: list[tuple[bool, tuple[int, ...], tuple[int, ...]]] | None = None
+
+
+@contextmanager
+def shared_machine_counters() -> Iterator[None]:
+    """Within it, the machine's counters are read once, by the first read, for every process
+    read: damon-hpd reads all its processes' frames in one round before it acts on any, and
+    parsing /proc/vmstat for each cost ~0.1 ms per process. A move after that one read shows
+    at the next round, as a move during a page-table read does."""
+    global _round
+    _round = []
+    try:
+        yield
+    finally:
+        _round = None
+
+
+def _machine_counters() -> tuple[bool, tuple[int, ...], tuple[int, ...]]:
+    """(KSM runs, _VMSTAT_MOVES, _VMSTAT_CHURN)."""
+    if _round:
+        return _round[0]
+    try:
+        with open("/sys/kernel/mm/ksm/run", "rb") as f:
+            ksm = f.read().strip() != b"0"
+    except FileNotFoundError:
+        ksm = False  # no KSM in this kernel
+    with open("/proc/vmstat", "rb") as f:
+        counters = dict(line.split() for line in f.read().splitlines())
+    read = (ksm, tuple(int(counters.get(name, -1)) for name in _VMSTAT_MOVES),
+            tuple(int(counters.get(name, -1)) for name in _VMSTAT_CHURN))
+    if _round is not None:
+        _round.append(read)
+    return read
