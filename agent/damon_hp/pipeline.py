@@ -187,6 +187,10 @@ class Observer:
             virt, counts = mapped.snapshot, mapped.window_counts()
         # Snapshot times are CLOCK_MONOTONIC (events.py), the clock of time.monotonic().
         unsteady = self.first_touch.update(counts, snap, looked_at_s=time.monotonic())
+        if self.frames is not None and unsteady:
+            # Windows reading hot through the physical regions of frames being faulted in
+            # carry no evidence either (revmap.VirtualAccess.sharing_accessed_regions).
+            unsteady = frozenset(unsteady) | mapped.sharing_accessed_regions(unsteady)
         if self.new_coverage is not None:
             unsteady |= self.new_coverage.update(snap, mappings)
         virt = dataclasses.replace(virt, unsteady=unsteady)

@@ -264,3 +264,23 @@ def test_many_ranges_map_as_each_would_alone_and_match_the_reference():
              if k % HUGE_PAGE_BYTES == 0 and k != V + 30 * w}
     ref = page_by_page(snap, together, 50.0)
     assert whole == {k: v for k, v in ref.items() if k != V + 30 * w}
+
+
+def test_windows_sharing_an_accessed_physical_region_with_a_growing_one_are_found():
+    # Four windows: w0 and w1 on neighbouring frames in one accessed region (as a buffer being
+    # filled gets them), w2 in an accessed region of its own, w3 in an idle region that also
+    # holds a frame of w0.
+    w = [V + k * HUGE_PAGE_BYTES for k in range(4)]
+    pfns = (list(range(1000, 1000 + PAGES - 1)) + [9000]  # w0, its last page beside w3's
+            + list(range(1000 + PAGES, 1000 + 2 * PAGES))  # w1
+            + list(range(5000, 5000 + PAGES))  # w2
+            + list(range(9001, 9001 + PAGES)))  # w3
+    frames = PageFrames.from_pfns(1, V, pfns)
+    result = reverse_map(phys((1000, 1000 + 2 * PAGES, 6, 1), (5000, 5000 + PAGES, 6, 1),
+                              (9000, 9001 + PAGES, 0, 1)), frames)
+    assert result.sharing_accessed_regions({w[0]}) == {w[0], w[1]}
+    assert result.sharing_accessed_regions({w[1]}) == {w[0], w[1]}
+    assert result.sharing_accessed_regions({w[2]}) == {w[2]}
+    # an idle region heats nothing: w3 reads idle whatever shares its region
+    assert result.sharing_accessed_regions({w[3]}) == set()
+    assert result.sharing_accessed_regions(set()) == set()

@@ -21,7 +21,7 @@ ranges 0-10 % either way). DAMON regions (here ~5 MiB each) then mix hot and col
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from operator import attrgetter
 
@@ -78,6 +78,10 @@ class VirtualAccess:
     columns: tuple[tuple[int | float, ...], ...]
     """RangeAccess's fields in its order, each a tuple over the ranges (address order)"""
     snapshot: Snapshot
+    accessed_pieces: tuple[np.ndarray, np.ndarray] = field(
+        default=(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)), compare=False)
+    """(2 MiB window start, physical segment) of each piece of the target's pages in an
+    accessed physical region: which windows read hot through the same region"""
 
     @cached_property
     def ranges(self) -> tuple[RangeAccess, ...]:
@@ -99,6 +103,21 @@ class VirtualAccess:
             window = start - start % HUGE_PAGE_BYTES
             counts[window] = counts.get(window, 0) + pages
         return counts
+
+    def sharing_accessed_regions(self, windows: Iterable[int]) -> set[int]:
+        """The 2 MiB windows with a page in an accessed physical region that also holds a page
+        of one of `windows` (2 MiB starts), those included.
+
+        A physical region reads as one (DAMON samples one random frame of it), so while a
+        window is being faulted in, its accessed new frames heat every window whose frames
+        share their regions: the kernel hands out the frames of a buffer being filled in
+        physical runs, so those are mostly the windows filled just before it. Seen in the
+        test VM (DAMON_STAT, 7.3): half of a 256 MiB buffer written once was collapsed while
+        the windows beside it in physical memory were being written."""
+        starts, segs = self.accessed_pieces
+        wanted = np.fromiter(windows, dtype=np.int64)
+        touched = np.unique(segs[np.isin(starts, wanted)])
+        return set(np.unique(starts[np.isin(segs, touched)]).tolist())
 
     def hot_windows(self) -> list[int]:
         """Starts of the 2 MiB windows of ranges that read a nonzero access level."""
@@ -222,7 +241,7 @@ def reverse_map(
     if phys.space != PHYSICAL:
         raise ValueError(f"reverse_map reads a physical snapshot, not {phys.space} regions")
     index = _index_of(phys, addr_unit)
-    columns = _range_accesses(frames.extents, index, hot_page_share_pct)
+    columns, accessed_pieces = _range_accesses(frames.extents, index, hot_page_share_pct)
     start, end, level, age = (columns[k] for k in (0, 1, 7, 8))
     snapshot = Snapshot(
         taken_at_s=phys.taken_at_s,
@@ -232,7 +251,7 @@ def reverse_map(
         regions=tuple(map(Region, start, end, level, age)),
         space=WINDOWS,
     )
-    return VirtualAccess(columns, snapshot)
+    return VirtualAccess(columns, snapshot, accessed_pieces)
 
 
 # The index of the last snapshot mapped: damon-hpd maps one physical aggregation onto every
@@ -274,9 +293,11 @@ _BATCH_EXTENTS = 4096
 
 
 def _range_accesses(extents: dict[tuple[int, int], Extents], index: _PhysicalIndex,
-                    share_pct: float) -> tuple[tuple[int | float, ...], ...]:
+                    share_pct: float
+                    ) -> tuple[tuple[tuple[int | float, ...], ...], tuple[np.ndarray, np.ndarray]]:
     """RangeAccess of every 2 MiB window of each virtual range [lo, hi) (the keys of
-    `extents`) that holds a resident page, in address order, as columns (VirtualAccess).
+    `extents`) that holds a resident page, in address order, as columns (VirtualAccess), and
+    VirtualAccess.accessed_pieces.
 
     Works on pieces (an extent's pages within one physical segment: one access count, one
     age), not on pages: a 4 GiB target is ~1 Mi pages but 20-40 Ki pieces, and ~2 Ki once its
@@ -288,7 +309,7 @@ def _range_accesses(extents: dict[tuple[int, int], Extents], index: _PhysicalInd
     items = sorted(extents.items(), key=lambda kv: (len(kv[1].pfn) <= _BATCH_EXTENTS, kv[0]))
     n_ranges = len(items)
     if not n_ranges:
-        return ((),) * _N_FIELDS
+        return ((),) * _N_FIELDS, (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     lo_r = np.array([lo for (lo, _), _ in items], dtype=np.int64)
     hi_r = np.array([hi for (_, hi), _ in items], dtype=np.int64)
     first_r = lo_r - lo_r % HUGE_PAGE_BYTES
@@ -361,6 +382,7 @@ def _range_accesses(extents: dict[tuple[int, int], Extents], index: _PhysicalInd
     keep = keep[np.lexsort((w_hi[keep], w_lo[keep]))]
     mon = n_monitored[keep]
     mean = np.divide(weighted[keep], mon, out=np.zeros(len(keep)), where=mon > 0)
-    return tuple(tuple(x.tolist()) for x in (
+    columns = tuple(tuple(x.tolist()) for x in (
         w_lo[keep], w_hi[keep], resident[keep], mon, n_accessed[keep], mean, peak[keep],
         level[keep], youngest[keep]))
+    return columns, (starts[win[accessed]], seg[accessed])
