@@ -304,9 +304,8 @@ class Agent:
         # whose read walked every page with its rmap counts (~30 ms per 4 GiB target on the
         # CI host, the agent's largest cost per snapshot after the reverse map). After a
         # snapshot that did nothing, the frame reader's own scan of this aggregation answers.
-        frames = self.pipeline.frames if self.pipeline is not None else None
-        known = (frames.huge_parts(mappings)
-                 if frames is not None and applied.touched_nothing else None)
+        known = (self.pipeline.huge_as_read(applied, mappings)
+                 if self.pipeline is not None else None)
         try:
             huge = known if known is not None else self.files.huge_regions_in(mappings)
         except procfs.PagemapScanUnsupported:

@@ -274,6 +274,15 @@ class ProcessPipeline:
         self.unsteady_readings += decision.unsteady
         return decision
 
+    def huge_as_read(self, applied: actuate.Applied,
+                     mappings: list[AddrRange]) -> list[AddrRange] | None:
+        """The PMD-mapped parts of `mappings` as this aggregation's frame read found them, when
+        `applied` did nothing to the target since (FrameReader.huge_parts); None: walk the page
+        tables."""
+        if self.frames is None or not applied.touched_nothing:
+            return None
+        return self.frames.huge_parts(mappings)
+
     def act(self, decision: policy.Decision, taken_at_s: float) -> actuate.Applied:
         """Apply the decision and let the policy learn what took."""
         t0 = time.thread_time()

@@ -69,11 +69,9 @@ class Managed:
         (smaps_rollup's AnonHugePages walks every page with its rmap counts, ~30 ms per 4 GiB),
         or, after a round that did nothing to it (`applied`), the frame reader's scan of this
         round (FrameReader.huge_parts)."""
-        frames = self.pipeline.frames
-        if frames is not None and applied is not None and applied.touched_nothing:
-            known = frames.huge_parts(self.mappings)
-            if known is not None:
-                return sum(r.size for r in known)
+        known = None if applied is None else self.pipeline.huge_as_read(applied, self.mappings)
+        if known is not None:
+            return sum(r.size for r in known)
         try:
             return sum(r.size for r in self.files.huge_regions_in(self.mappings))
         except procfs.PagemapScanUnsupported:
