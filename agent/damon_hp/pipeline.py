@@ -190,7 +190,8 @@ class Observer:
         if self.frames is not None and unsteady:
             # Windows reading hot through the physical regions of frames being faulted in
             # carry no evidence either (revmap.VirtualAccess.sharing_accessed_regions).
-            unsteady = frozenset(unsteady) | mapped.sharing_accessed_regions(unsteady)
+            with self.cpu.stage(stagecpu.REVERSE_MAP):
+                unsteady = frozenset(unsteady) | mapped.sharing_accessed_regions(unsteady)
         if self.new_coverage is not None:
             unsteady |= self.new_coverage.update(snap, mappings)
         virt = dataclasses.replace(virt, unsteady=unsteady)
