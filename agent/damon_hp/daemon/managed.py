@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from damon_hp import actuate, policy, procfs
+from damon_hp import actuate, frame_moves, policy, procfs
 from damon_hp.daemon import selection
 from damon_hp.damon.model import Snapshot
 from damon_hp.pipeline import ProcessPipeline
@@ -40,9 +40,9 @@ class Managed:
         self.pending: tuple[Snapshot, policy.Decision] | None = None
         self.skipped: str | None = None
         """why this process gets no collapse (it disabled THP for itself), None while managed"""
-        self.status_written: tuple[dict[str, Any], int, float] | None = None
-        """its status record as last written (less its times and snapshot count), that count,
-        and when (time.monotonic)"""
+        self.status_written: tuple[dict[str, Any], dict[str, Any], float] | None = None
+        """its status record as last written, split (service.split_record: less its time, its
+        figures), and when (time.monotonic)"""
 
     @property
     def state(self) -> policy.PolicyState:
@@ -80,3 +80,4 @@ class Managed:
     def close(self) -> None:
         self.files.close()
         self.target.close()
+        frame_moves.forget_pid(self.pid)

@@ -59,8 +59,11 @@ from damon_hp.pipeline import params_for_source
 
 SCAN = "scan"      # the daemon's stages beside the pipeline's (stagecpu.py): /proc rescans,
 STATUS = "status"  # and status records, journal summaries, --json
-# How stale a status record's snapshot count may grow when nothing else in it changes.
-STATUS_COUNT_EVERY_S = 15.0
+# How stale a status record's figures (FIGURES) may grow when nothing else in it changes.
+STATUS_FIGURES_EVERY_S = 15.0
+# The fields of a status record that move with the rounds: counts, and bytes held or hot.
+FIGURES = ("snapshots", "promotions", "promoted_bytes", "collapsed_bytes", "anon_huge_bytes",
+           "hot_bytes", "held_by_budget")
 READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are seen this soon
 MAX_ROUNDS_KEPT = 200
 THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
@@ -103,17 +106,30 @@ def open_source(request: sources.SourceRequest) -> Source:
     return sources.open_passive(request, found, why)
 
 
-def status_due(written: tuple[dict[str, Any], int, float] | None, record: dict[str, Any],
-               snapshots: int, now: float) -> bool:
+def status_due(written: tuple[dict[str, Any], dict[str, Any], float] | None,
+               record: dict[str, Any], now: float) -> bool:
     """Whether a managed process's status record must be written again: never written, or
-    something in it (`record`, less its times and snapshot count) changed, or its count left 0,
-    or the count moved and the last write is STATUS_COUNT_EVERY_S old."""
-    if written is None or record != written[0]:
+    something in it but its time and FIGURES changed, or a figure left 0 (the first snapshot,
+    the first promotion show at once), or the figures moved and the last write is
+    STATUS_FIGURES_EVERY_S old. At 50 processes the figures moved in almost every record at
+    every round: 34 files written and renamed per 5-s round, 0.2-0.3 % of a core
+    (docs/cost.md)."""
+    if written is None:
         return True
-    count = written[1]
-    if count == 0:
-        return snapshots != 0
-    return snapshots != count and now - written[2] >= STATUS_COUNT_EVERY_S
+    stable, figures = split_record(record)
+    last_stable, last_figures, last_t = written
+    if stable != last_stable:
+        return True
+    if figures == last_figures:
+        return False
+    return (any(figures[k] and not last_figures.get(k) for k in figures)
+            or now - last_t >= STATUS_FIGURES_EVERY_S)
+
+
+def split_record(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the record less its time and FIGURES, its FIGURES)."""
+    stable = {k: v for k, v in record.items() if k != "updated" and k not in FIGURES}
+    return stable, {k: record[k] for k in FIGURES if k in record}
 
 
 class Service:
@@ -521,18 +537,14 @@ class Service:
         }
 
     def _write_status(self, m: Managed, source_info: dict[str, Any], now: float) -> None:
-        # Only when something in it changed ("updated" is when it last did): rewriting every
-        # record every 2 s is 25 JSON files written and renamed a second at 50 processes. The
-        # snapshot count alone, which moves every aggregation, is written when it leaves 0 and
-        # then at most every STATUS_COUNT_EVERY_S: it made every record change every round,
-        # 0.45 % of a core at 50 processes (docs/cost.md).
+        # Only when status_due says so ("updated" is when it last was): rewriting every
+        # record every 2 s was 25 JSON files written and renamed a second at 50 processes.
         rec = self._status_record(m, source_info)
-        same = {k: v for k, v in rec.items() if k not in ("updated", "snapshots")}
-        if not status_due(m.status_written, same, rec["snapshots"], now):
+        if not status_due(m.status_written, rec, now):
             return
         try:
             status_records.write_status(rec, path=status_records.status_path(os.getpid(), m.pid))
-            m.status_written = (same, rec["snapshots"], now)
+            m.status_written = (*split_record(rec), now)
         except OSError:
             pass  # status is a convenience; never let it stop the daemon
 
@@ -593,8 +605,11 @@ class Service:
         try:
             report_path = self.json_path
             tmp = f"{report_path}.tmp"
+            # json.dumps (one string) takes the C encoder; json.dump to a file runs the
+            # Python one, ~15 ms per write with 200 rounds of candidates at 50 processes.
+            text = json.dumps(self.to_json())
             with open(tmp, "w") as f:
-                json.dump(self.to_json(), f)
+                f.write(text)
             os.replace(tmp, report_path)
         except OSError as e:
             log(f"cannot write --json {self.json_path}: {e.strerror}")
