@@ -3,6 +3,7 @@ so, for FrameReader (frame_reader.py), which re-reads pagemap only when they mov
 
     page_counters(pid) -> (moves | None, churn)    the machine's counters and the process's own
     with shared_machine_counters(): ...             one read of the machine's for a whole round
+    with own_collapses(pid): ...                    our collapses of one process, told apart
 """
 
 from __future__ import annotations
@@ -23,19 +24,61 @@ _VMSTAT_MOVES = (b"pgmigrate_success", b"thp_split_page", b"thp_split_pmd")
 _VMSTAT_CHURN = (b"thp_collapse_alloc", b"pswpout", b"pglazyfreed")
 
 
-def page_counters(pid: int) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+def page_counters(pid: int, *, attributed: bool = True
+                  ) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
     """(moves, churn): the counters that say frames may have moved (None when they may move
     untracked: KSM runs), then those that say pages were unmapped or collapsed in place, with
     the target's resident pages (an unmap with no counter of its own, such as MADV_DONTNEED,
     lowers them). /proc/PID/stat's RSS is get_mm_rss, which reads the per-CPU counters without
     summing them: an unmap smaller than their batch on each CPU (32 pages per CPU here) may not
-    show, and waits for the next full read."""
+    show, and waits for the next full read.
+
+    `attributed`: the collapse count leaves out what `own_collapses` counted for other
+    processes. damon-hpd's collapses of one process made every other one walk its page tables
+    at the next round (thp_collapse_alloc is machine-wide; 918 of 1,200 reads at 50 processes,
+    docs/cost.md). A collapse by khugepaged during one of those calls is taken for ours and
+    missed by the process it was in: that process's entries of the window stay stale until the
+    next full read. A reader that may demote must not take that chance (FrameReader.eager)."""
     moving: tuple[int, ...] | None = None
     ksm, moves, churn = _machine_counters()
     stat = read_stat(pid)
     if not ksm:
         moving = (*moves, stat.minflt + stat.majflt)
+    if attributed:
+        churn = (churn[0] - _own_total[0] + _own_by_pid.get(pid, 0), *churn[1:])
     return moving, (*churn, stat.rss_pages)
+
+
+# thp_collapse_alloc counted inside `own_collapses`, by target pid and in all.
+_own_by_pid: dict[int, int] = {}
+_own_total = [0]
+
+
+@contextmanager
+def own_collapses(pid: int) -> Iterator[None]:
+    """Our collapse calls on process `pid` happen within it: the collapse count's rise over it
+    is put down to `pid` alone (`page_counters`). MADV_COLLAPSE allocates each huge folio
+    inside the call (collapse_huge_page -> alloc_charge_folio, mm/khugepaged.c), so nothing
+    of it lands after."""
+    before = _collapse_allocs()
+    try:
+        yield
+    finally:
+        rise = _collapse_allocs() - before
+        _own_by_pid[pid] = _own_by_pid.get(pid, 0) + rise
+        _own_total[0] += rise
+
+
+def forget_pid(pid: int) -> None:
+    """`pid` exited: drop its count (what it collapsed stays in the total, as in the kernel's)."""
+    _own_by_pid.pop(pid, None)
+
+
+def _collapse_allocs() -> int:
+    with open("/proc/vmstat", "rb") as f:
+        text = f.read()
+    at = text.find(b"\n" + _VMSTAT_CHURN[0] + b" ")
+    return int(text[at + len(_VMSTAT_CHURN[0]) + 2:text.index(b"\n", at + 1)]) if at >= 0 else -1
 
 
 # The machine's counters for a round of reads (`shared_machine_counters`), else None.

@@ -103,7 +103,7 @@ class FrameReader:
 
     def read(self, ranges: Iterable[tuple[int, int]]) -> PageFrames:
         wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
-        moves, churn = page_counters(self.pid)
+        moves, churn = page_counters(self.pid, attributed=not self.eager)
         now = self._clock()
         due = now - self._full_at >= self.full_read_every_s
         if (not due and moves is not None and moves == self._moves and churn == self._churn

@@ -14,6 +14,7 @@ budget between decide and act (it may replace the decision's promotions before `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from damon_hp import actuate, policy, procfs, stagecpu
 from damon_hp.damon import revmap
 from damon_hp.damon.model import Snapshot
+from damon_hp.frame_moves import own_collapses
 from damon_hp.frame_reader import FrameReader
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, intersect, merge_adjacent, subtract
 
@@ -287,7 +289,10 @@ class ProcessPipeline:
     def act(self, decision: policy.Decision, taken_at_s: float) -> actuate.Applied:
         """Apply the decision and let the policy learn what took."""
         t0 = time.thread_time()
-        applied = self.actuator.apply(decision, taken_at_s)
+        # Collapses allocate inside the call: counted as this process's, they make no other
+        # process's frame reader walk its page tables again (frame_moves.page_counters).
+        with own_collapses(self.target.pid) if decision.promote else contextlib.nullcontext():
+            applied = self.actuator.apply(decision, taken_at_s)
         self.state = policy.record_outcomes(self.state, applied.outcomes, self.params,
                                             time.monotonic())
         copies = sum(r.cpu_seconds for r in (*applied.collapses, *applied.recollapses))

@@ -229,3 +229,51 @@ def test_a_round_reads_the_machine_counters_once():
         assert _machine_counters() is first
     assert _machine_counters() is not first
     assert _machine_counters() is not _machine_counters()
+
+
+def test_a_collapse_counted_as_another_process_s_makes_no_walk_here(child, spare_child):
+    """damon-hpd collapses one process inside `own_collapses(pid)`: the machine-wide collapse
+    count rises, but only that process's frame reader walks its page tables again; one not
+    counted so (khugepaged's, another tool's) makes every reader walk. A collapse or migration
+    elsewhere on the machine meanwhile makes a try inconclusive: several tries."""
+    from damon_hp.frame_moves import own_collapses
+
+    (proc, layout), (_, other) = child, spare_child
+    here, there = FrameReader(other["pid"], eager=False), FrameReader(layout["pid"], eager=False)
+    for reader in (here, there):
+        check_read(reader, reader.pid)
+
+    def walked_after(collapse) -> tuple[bool, bool] | None:
+        """(here walked, there walked) after `collapse`, or None if a read before it walked."""
+        skipped = here.scans_skipped, there.scans_skipped
+        check_read(here, here.pid), check_read(there, there.pid)
+        if (here.scans_skipped, there.scans_skipped) != (skipped[0] + 1, skipped[1] + 1):
+            return None  # something moved frames elsewhere just now
+        collapse()
+        skipped = here.scans_skipped, there.scans_skipped
+        check_read(here, here.pid), check_read(there, there.pid)
+        return here.scans_skipped == skipped[0], there.scans_skipped == skipped[1]
+
+    windows = iter(range(layout["start"], layout["end"], HUGE))
+
+    def collapse_next() -> None:
+        assert madvise(proc, next(windows), HUGE, MADV_COLLAPSE) == "ok"
+
+    def collapse_next_as_ours() -> None:
+        with own_collapses(there.pid):
+            collapse_next()
+
+    seen = []
+    for _ in range(6):
+        seen.append(walked_after(collapse_next_as_ours))
+        if seen[-1] == (False, True):
+            break
+    else:
+        pytest.fail(f"(here walked, there walked) after collapses counted as there's: {seen}")
+    for _ in range(6):
+        seen.append(walked_after(collapse_next))
+        if seen[-1] is not None:
+            assert seen[-1] == (True, True), seen
+            break
+    else:
+        pytest.fail(f"no conclusive try of a collapse not counted as ours: {seen}")
