@@ -1,14 +1,16 @@
 """Which processes the rules select: /proc read once per scan, matched against the rules.
 
 `scan()` reads what a rule can match on for every process (exe, comm, command line, cgroup v2
-path, real uid); `select(procs, config)` is pure. Kernel threads, PID 1 and the daemon itself
-are never selected; a process matching any exclude rule never is either.
+path, real uid); `Scanner` does the same and, for a process it has seen, reads only its stat
+until the rest is REFRESH_S old; `select(procs, config)` is pure. Kernel threads, PID 1 and
+the daemon itself are never selected; a process matching any exclude rule never is either.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from damon_hp.daemon.config import DaemonConfig, Rule
@@ -34,17 +36,16 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def read_process(pid: int) -> ProcessInfo | None:
-    """What the rules match on, or None for a kernel thread or a process gone meanwhile."""
+def read_process(pid: int, stat: str | None = None) -> ProcessInfo | None:
+    """What the rules match on, or None for a kernel thread or a process gone meanwhile;
+    `stat`: its /proc/PID/stat if just read."""
     base = f"/proc/{pid}"
     try:
         cmdline = _read(f"{base}/cmdline")
         if not cmdline:
             return None  # kernel thread (or a zombie): no memory to manage
-        stat = _read(f"{base}/stat")
-        fields = stat[stat.rindex(")") + 2:].split()
-        flags, start = int(fields[6]), int(fields[19])
-        if flags & 0x00200000:  # PF_KTHREAD
+        head = _stat_head(stat if stat is not None else _read(f"{base}/stat"))
+        if head is None:
             return None
         comm = _read(f"{base}/comm").strip()
         uid = 0
@@ -63,20 +64,68 @@ def read_process(pid: int) -> ProcessInfo | None:
     except (OSError, ValueError, IndexError):
         return None
     return ProcessInfo(pid, exe, comm, tuple(cmdline.rstrip("\0").split("\0")), cgroup, uid,
-                       start)
+                       head[1])
+
+
+def _stat_head(stat: str) -> tuple[str, int] | None:
+    """(comm, start time in clock ticks) from /proc/PID/stat; None for a kernel thread or a
+    zombie (no memory to manage)."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] == "Z" or int(fields[6]) & 0x00200000:  # PF_KTHREAD
+        return None
+    return stat[stat.index("(") + 1:stat.rindex(")")], int(fields[19])
+
+
+def _pids(skip: Iterable[int]) -> list[int]:
+    skipped = {1, *skip}
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) not in skipped]
 
 
 def scan(skip: Iterable[int] = ()) -> list[ProcessInfo]:
     """Every user process now, less `skip` (the daemon) and PID 1."""
-    skipped = {1, *skip}
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in skipped:
-            continue
-        info = read_process(int(name))
-        if info is not None:
+    return [info for pid in _pids(skip) if (info := read_process(pid)) is not None]
+
+
+# How old what a Scanner read of a process, beyond its stat, may grow: an exec that keeps the
+# comm, a move to another cgroup or a change of real uid shows within it.
+REFRESH_S = 30.0
+
+
+class Scanner:
+    """`scan` for a daemon that scans every few seconds: a process seen at an earlier scan, with
+    the same start time and comm in its stat (an exec sets the comm to the new program's
+    name: __set_task_comm in begin_new_exec), keeps what was read of it until that is
+    REFRESH_S old. Reading six files of every process on the machine at every scan was
+    0.15 % of a core at 50 managed processes (docs/cost.md); one stat each is a sixth."""
+
+    def __init__(self, refresh_s: float = REFRESH_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._known: dict[int, tuple[ProcessInfo, float]] = {}
+
+    def scan(self, skip: Iterable[int] = ()) -> list[ProcessInfo]:
+        now, out, known = self._clock(), [], {}
+        for pid in _pids(skip):
+            try:
+                stat = _read(f"/proc/{pid}/stat")
+                head = _stat_head(stat)
+            except (OSError, ValueError, IndexError):
+                continue
+            if head is None:
+                continue
+            seen = self._known.get(pid)
+            if (seen is not None and (seen[0].comm, seen[0].start_ticks) == head
+                    and now - seen[1] < self.refresh_s):
+                info, at = seen
+            else:
+                info, at = read_process(pid, stat), now
+                if info is None:
+                    continue
+            known[pid] = (info, at)
             out.append(info)
-    return out
+        self._known = known
+        return out
 
 
 def matches(rule: Rule, p: ProcessInfo) -> bool:

@@ -141,6 +141,7 @@ class Service:
         self._start_ticks: int | None = None  # ours, for status records
         # (pid, start ticks) another agent manages: said once, tried again every scan
         self.refused: set[tuple[int, int]] = set()
+        self.scanner = selection.Scanner()
         self.stop_signal: int | None = None
         self.reload_wanted = False
         self.rounds: list[dict[str, Any]] = []
@@ -291,7 +292,7 @@ class Service:
     # -- processes -----------------------------------------------------------------------
 
     def rescan(self) -> None:
-        procs = selection.scan(skip=(os.getpid(),))
+        procs = self.scanner.scan(skip=(os.getpid(),))
         alive = {p.pid: p for p in procs}
         for pid, m in list(self.managed.items()):
             p = alive.get(pid)
