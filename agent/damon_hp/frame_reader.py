@@ -14,8 +14,6 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 
-import numpy as np
-
 from damon_hp.frame_moves import page_counters
 from damon_hp.frames import (
     ENTRY_BYTES,
@@ -30,6 +28,7 @@ from damon_hp.frames import (
     read_range,
     scan_present,
 )
+from damon_hp.numpy_lean import np
 from damon_hp.procfs import PAGE_IS_HUGE, open_pagemap
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES, AddrRange, merge_adjacent
 

@@ -23,9 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import numpy as np
-
 from damon_hp.errors import EnvironmentProblem
+from damon_hp.numpy_lean import np
 from damon_hp.procfs import (
     PAGE_IS_HUGE,
     PAGE_IS_PRESENT,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import attrgetter
 
-import numpy as np
+from damon_hp.numpy_lean import np
 
 from ..frames import Extents, PageFrames
 from ..procfs import ProcessGone
