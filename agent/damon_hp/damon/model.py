@@ -1,4 +1,4 @@
-"""DAMON objects as plain, frozen dataclasses: what DAMON measured and what we ask of it.
+"""DAMON objects as plain, frozen dataclasses (Region a NamedTuple): what DAMON measured and what we ask of it.
 
 Nothing here touches the kernel. Every class round-trips through `to_dict`/`from_dict` so that a
 snapshot read from a real sysfs tree and one loaded from a JSON fixture are the same object.
@@ -13,7 +13,7 @@ import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES, AddrRange
 
@@ -22,12 +22,15 @@ ULONG_MAX = 2**64 - 1
 UINT_MAX = 2**32 - 1
 
 
-@dataclass(frozen=True)
-class Region:
+class Region(NamedTuple):
     """One DAMON region: its access count in the last aggregation interval and its age.
 
     `nr_accesses` counts the sampling intervals (of `aggr_us // sample_us`) in which DAMON saw
     the region accessed; `age` is how many aggregation intervals its access level has held.
+
+    A NamedTuple, not a frozen dataclass like the rest: one is made per region per aggregation
+    (~3,800 per 5 s from the host's kdamond), and a frozen dataclass's constructor, 0.9 us,
+    was a third of what reading an event cost.
     """
 
     start: int
