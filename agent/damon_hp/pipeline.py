@@ -2,7 +2,8 @@
 
     observe()  DAMON's snapshot (physical: reverse-mapped here through the target's pagemap)
                -> the target's virtual snapshot, with the 2 MiB ranges whose resident pages
-               grew since the last look marked unsteady (first touch)
+               grew since the last look marked unsteady (first touch); in two steps, look()
+               and complete(), for damon-hpd, which reverse-maps all its processes at once
     decide()   policy.decide on it (pure), with the residency guard's page counts
     act()      actuator.apply, then policy.record_outcomes
 
@@ -25,6 +26,7 @@ from damon_hp.damon import revmap
 from damon_hp.damon.model import Snapshot
 from damon_hp.frame_moves import own_collapses
 from damon_hp.frame_reader import FrameReader
+from damon_hp.frames import PageFrames
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, intersect, merge_adjacent, subtract
 
 # A physical (reverse-mapped) source's regions mix frames of many virtual ranges and of every
@@ -130,6 +132,18 @@ def aggregation_start_s(snap: Snapshot) -> float:
 
 
 @dataclass(frozen=True)
+class Look:
+    """What one look at the process read, before the reverse map (Observer.look)."""
+
+    snapshot: Snapshot
+    maps: list[procfs.Vma]
+    status: procfs.Status
+    mappings: list[AddrRange]
+    frames: PageFrames | None
+    """physical sources: its page frames as of this look"""
+
+
+@dataclass(frozen=True)
 class Observation:
     """What one aggregation showed of the process."""
 
@@ -175,21 +189,37 @@ class Observer:
     def observe(self, snap: Snapshot) -> Observation:
         """The process's picture of this aggregation. Raises procfs.ProcessGone (or
         revmap.ProcessGone) once it has exited."""
+        return self.complete(self.look(snap))
+
+    def look(self, snap: Snapshot) -> Look:
+        """What `observe` reads of the process before the reverse map: damon-hpd looks at
+        every process, maps them all in one pass (revmap.reverse_map_many), then completes
+        each."""
         with self.cpu.stage(stagecpu.PROCFS):
             maps = self.files.maps()
             status = self.files.status()
             mappings = mappings_of(maps)
-            share = None
-            if self.frames is None:
+            frames = (None if self.frames is None
+                      else self.frames.read([(m.start, m.end) for m in mappings]))
+        return Look(snap, maps, status, mappings, frames)
+
+    def complete(self, look: Look, mapped: revmap.VirtualAccess | None = None) -> Observation:
+        """The observation from `look`; `mapped`: the reverse map of its frames, if made."""
+        snap, mappings, share = look.snapshot, look.mappings, None
+        if look.frames is None:
+            with self.cpu.stage(stagecpu.PROCFS):
                 virt, counts = snap, self._resident_counts(mappings)
-        if self.frames is not None:
-            mapped = self.last_mapped = self._reverse_map(snap, mappings)
+        else:
+            if mapped is None:
+                with self.cpu.stage(stagecpu.REVERSE_MAP):
+                    mapped = revmap.reverse_map(snap, look.frames)
+            mapped = self.last_mapped = self._verified(snap, mapped)
             if mapped.resident_pages:
                 share = mapped.monitored_pages / mapped.resident_pages
             virt, counts = mapped.snapshot, mapped.window_counts()
         # Snapshot times are CLOCK_MONOTONIC (events.py), the clock of time.monotonic().
         unsteady = self.first_touch.update(counts, snap, looked_at_s=time.monotonic())
-        if self.frames is not None and unsteady:
+        if mapped is not None and unsteady:
             # Windows reading hot through the physical regions of frames being faulted in
             # carry no evidence either (revmap.VirtualAccess.sharing_accessed_regions).
             with self.cpu.stage(stagecpu.REVERSE_MAP):
@@ -197,20 +227,15 @@ class Observer:
         if self.new_coverage is not None:
             unsteady |= self.new_coverage.update(snap, mappings)
         virt = dataclasses.replace(virt, unsteady=unsteady)
-        return Observation(virt, status, maps, mappings, share, counts)
+        return Observation(virt, look.status, look.maps, mappings, share, counts)
 
-    def _reverse_map(self, snap: Snapshot, mappings: list[AddrRange]) -> revmap.VirtualAccess:
-        """The physical snapshot through the target's frames. Windows that read hot (a
-        nonzero access level: what the policy can act on) while their frames may have moved
-        since they were read (FrameReader.unverified) are read again, and the map made anew if
-        any had moved: a cold range must not read hot through frames that compaction gave to a
-        hot huge page. The others wait for the next full read (they can only be late, never
-        collapsed by mistake)."""
+    def _verified(self, snap: Snapshot, mapped: revmap.VirtualAccess) -> revmap.VirtualAccess:
+        """`mapped`, or the map made anew if windows that read hot in it (a nonzero access
+        level: what the policy can act on) had frames that may have moved since they were
+        read (FrameReader.unverified) and had: a cold range must not read hot through frames
+        that compaction gave to a hot huge page. The others wait for the next full read (they
+        can only be late, never collapsed by mistake)."""
         assert self.frames is not None
-        with self.cpu.stage(stagecpu.PROCFS):
-            page_frames = self.frames.read([(m.start, m.end) for m in mappings])
-        with self.cpu.stage(stagecpu.REVERSE_MAP):
-            mapped = revmap.reverse_map(snap, page_frames)
         if not self.frames.unverified:
             return mapped
         hot = mapped.hot_windows()
@@ -264,6 +289,12 @@ class ProcessPipeline:
 
     def observe(self, snap: Snapshot) -> Observation:
         return self.observer.observe(snap)
+
+    def look(self, snap: Snapshot) -> Look:
+        return self.observer.look(snap)
+
+    def complete(self, look: Look, mapped: revmap.VirtualAccess | None = None) -> Observation:
+        return self.observer.complete(look, mapped)
 
     def decide(self, obs: Observation, thp_mode: str) -> policy.Decision:
         """The policy's decision on the observation; the state moves on with it."""

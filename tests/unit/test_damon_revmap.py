@@ -284,3 +284,50 @@ def test_windows_sharing_an_accessed_physical_region_with_a_growing_one_are_foun
     # an idle region heats nothing: w3 reads idle whatever shares its region
     assert result.sharing_accessed_regions({w[3]}) == set()
     assert result.sharing_accessed_regions(set()) == set()
+
+
+def random_process(rng: random.Random, pid: int, used: set[int]) -> PageFrames:
+    """A process of 0-5 ranges, each of runs or scattered frames (one may be larger than the
+    batch), some pages absent; frames never shared with another process."""
+    runs, ranges = [], []
+    start = V + rng.randrange(8) * HUGE_PAGE_BYTES
+    for _ in range(rng.randrange(6)):
+        pages = rng.choice([1, PAGES // 2, PAGES, 3 * PAGES, 10 * PAGES])
+        first = rng.randrange(10_000_000)
+        pfns = []
+        for i in range(pages):
+            p = first + i if rng.random() < 0.7 else rng.randrange(10_000_000)
+            while p in used:
+                p += 1
+            used.add(p)
+            pfns.append(None if rng.random() < 0.05 else p)
+        runs.append(FrameRun(start, array("Q", (0 if p is None else PM_PRESENT | p
+                                                 for p in pfns))))
+        ranges.append((start, start + pages * PAGE_BYTES))
+        start += pages * PAGE_BYTES + rng.choice([0, PAGE_BYTES, HUGE_PAGE_BYTES, 7 * MIB])
+    return PageFrames(pid, tuple(ranges), tuple(runs))
+
+
+def test_many_processes_mapped_at_once_give_what_each_gives_alone():
+    """damon-hpd maps one aggregation onto all its processes in one pass
+    (reverse_map_many): each result is the one reverse_map gives that process alone, whatever
+    the others hold (none, one tiny range, a range larger than the batch)."""
+    from damon_hp.damon.revmap import reverse_map_many
+
+    rng = random.Random(26)
+    for _ in range(30):
+        regions, start = [], 0
+        while start < 10_100_000:
+            end = start + rng.randrange(50, 80_000)
+            regions.append((start, end, rng.choice([0, 0, 1, 3, 10]), rng.randrange(20)))
+            start = end + rng.choice([0, 0, 0, 500])
+        snap = phys(*regions)
+        used: set[int] = set()
+        procs = [random_process(rng, pid, used) for pid in range(1, rng.randrange(1, 9))]
+        together = reverse_map_many(snap, procs)
+        for frames, got in zip(procs, together, strict=True):
+            alone = reverse_map(snap, frames)
+            assert got == alone and got.snapshot.pid == frames.pid
+            for a, b in zip(got.accessed_pieces, alone.accessed_pieces, strict=True):
+                assert a.tolist() == b.tolist()
+    assert reverse_map_many(snap, []) == []

@@ -9,7 +9,9 @@ The stream (config `source`; auto picks the first that works here):
 
 Each round:
 
-    for each managed process:  pipeline.observe -> pipeline.decide (no budget of its own)
+    for each managed process:  pipeline.look (its maps, status, page frames)
+    physical sources:          revmap.reverse_map_many (one pass over every process's frames)
+    for each managed process:  pipeline.complete -> pipeline.decide (no budget of its own)
     budget.admit               candidates of all processes, best first, under the budgets
     for each managed process:  pipeline.act(admitted)
 
@@ -55,7 +57,7 @@ from damon_hp.damon.model import Snapshot
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.frame_moves import shared_machine_counters
 from damon_hp.options import MonitorOptions
-from damon_hp.pipeline import params_for_source
+from damon_hp.pipeline import Look, params_for_source
 
 SCAN = "scan"      # the daemon's stages beside the pipeline's (stagecpu.py): /proc rescans,
 STATUS = "status"  # and status records, journal summaries, --json
@@ -412,14 +414,22 @@ class Service:
         thp = procfs.thp_mode()
         candidates: list[budget_mod.Candidate] = []
         # Every process is observed before any is acted on: one read of the machine's
-        # frame-moving counters serves them all.
+        # frame-moving counters serves them all, and one reverse map.
         with shared_machine_counters():
+            looks: dict[int, Look] = {}
             for pid, m in list(self.managed.items()):
                 snap = phys if virt is None else virt.get(pid)
                 if snap is None:
                     continue
                 try:
-                    decision = self._decide(m, snap, thp)
+                    looks[pid] = m.pipeline.look(snap)
+                except (procfs.ProcessGone, revmap.ProcessGone):
+                    self._release(pid, "exited")
+            mapped = self._reverse_map_all(phys, looks)
+            for pid, look in looks.items():
+                m = self.managed[pid]
+                try:
+                    decision = self._decide(m, look, mapped.get(pid), thp)
                 except (procfs.ProcessGone, revmap.ProcessGone):
                     self._release(pid, "exited")
                     continue
@@ -477,18 +487,31 @@ class Service:
             del self.rounds[:-MAX_ROUNDS_KEPT]
             self.write_json()
 
-    def _decide(self, m: Managed, snap: Snapshot, thp: str) -> policy.Decision | None:
+    def _reverse_map_all(self, phys: Snapshot | None,
+                         looks: dict[int, Look]) -> dict[int, revmap.VirtualAccess]:
+        """The physical aggregation through every looked-at process's frames, in one pass
+        (revmap.reverse_map_many); none for a virtual source."""
+        with_frames = [(pid, look.frames) for pid, look in looks.items()
+                       if look.frames is not None]
+        if phys is None or not with_frames:
+            return {}
+        with self.cpu.stage(stagecpu.REVERSE_MAP):
+            maps = revmap.reverse_map_many(phys, [frames for _, frames in with_frames])
+        return {pid: mapped for (pid, _), mapped in zip(with_frames, maps, strict=True)}
+
+    def _decide(self, m: Managed, look: Look, mapped: revmap.VirtualAccess | None,
+                thp: str) -> policy.Decision | None:
         """The process's decision on this aggregation (physical, or its own virtual one); None
         while it is skipped (THP disabled for itself). Its pipeline observes every aggregation,
         skipped or not, so first touch is judged against the latest look."""
-        obs = m.pipeline.observe(snap)
+        obs = m.pipeline.complete(look, mapped)
         m.mappings = obs.mappings
         if self._skip_if_thp_disabled(m, obs.status):
             return None
         decision = m.pipeline.decide(obs, thp)
         m.snapshots += 1
         m.hot_bytes = decision.hot_bytes
-        m.pending = (snap, decision)
+        m.pending = (look.snapshot, decision)
         return decision
 
     def _skip_if_thp_disabled(self, m: Managed, status: procfs.Status) -> bool:

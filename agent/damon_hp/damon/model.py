@@ -1,4 +1,5 @@
-"""DAMON objects as plain, frozen dataclasses (Region a NamedTuple): what DAMON measured and what we ask of it.
+"""DAMON objects as plain, frozen dataclasses (Region: a NamedTuple): what DAMON measured and
+what we ask of it.
 
 Nothing here touches the kernel. Every class round-trips through `to_dict`/`from_dict` so that a
 snapshot read from a real sysfs tree and one loaded from a JSON fixture are the same object.
