@@ -199,11 +199,15 @@ def read_status(pid: int) -> Status:
     return parse_status(_read(f"/proc/{pid}/status"))
 
 
+# The lines of /proc/PID/status that Status keeps: only those are parsed (of ~60; damon-hpd
+# reads every managed process's status every round).
+_STATUS_KEYS = frozenset(("VmRSS", "VmHWM", "VmPTE", "Threads", "THP_enabled"))
+
+
 def parse_status(text: str) -> Status:
     values: dict[str, int] = {}
     for line in text.splitlines():
-        parsed = _parse_counter(line)
-        if parsed:
+        if line.partition(":")[0] in _STATUS_KEYS and (parsed := _parse_counter(line)):
             values[parsed[0]] = parsed[1]
     return Status(
         vm_rss=values.get("VmRSS", 0),
@@ -486,6 +490,9 @@ class ProcessFiles:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._fds: dict[str, int] = {}
+        self._maps: tuple[str, list[Vma]] = ("", [])
+        """the last maps text read and its VMAs: a steady process's maps are read again every
+        aggregation, and parsing ~30 lines cost more than reading them"""
 
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
@@ -522,16 +529,22 @@ class ProcessFiles:
         Empty maps through an old file mean an exit or an exec (a launcher such as `env` or
         `sh -c` exec-ing the real program): the files are reopened once to tell which.
         """
-        maps = parse_maps(self._text("maps"))
+        maps = self._parsed_maps()
         if not maps:
             for name in self._MM_BOUND:
                 fd = self._fds.pop(name, None)
                 if fd is not None:
                     os.close(fd)
-            maps = parse_maps(self._text("maps"))
+            maps = self._parsed_maps()
         if not maps:
             raise ProcessGone(f"/proc/{self.pid}/maps is empty: the process has exited")
-        return maps
+        return list(maps)
+
+    def _parsed_maps(self) -> list[Vma]:
+        text = self._text("maps")
+        if text != self._maps[0]:
+            self._maps = (text, parse_maps(text))
+        return self._maps[1]
 
     def maps_cover(self, r: AddrRange) -> bool:
         """Whether the process's VMAs map every byte of `r` now; False once it has no memory."""

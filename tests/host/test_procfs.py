@@ -204,3 +204,31 @@ def test_stat_tells_a_live_process_from_one_in_exit():
     head, rest = text[: text.rindex(")") + 2], text[text.rindex(")") + 2 :].split()
     rest[6] = str(int(rest[6]) | procfs.PF_EXITING)
     assert procfs.parse_stat(head + " ".join(rest)).exiting
+
+
+def test_process_files_maps_follow_an_unmap_and_status_keeps_its_fields() -> None:
+    """ProcessFiles keeps the last maps it parsed while the text reads the same: a change
+    must show at once. parse_status reads only the lines Status keeps: the same values as
+    every line parsed."""
+    proc = subprocess.Popen([sys.executable, str(CHILD), "8"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(proc.stdout.readline())
+        start = info["start"]
+        with procfs.ProcessFiles(info["pid"]) as files:
+            first = files.maps()
+            assert files.maps() == first
+            assert any(m.start <= start < m.end for m in first)
+            proc.stdin.write(f"munmap {start} {HUGE_PAGE_BYTES}\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "ok"
+            assert not any(m.start <= start < m.end for m in files.maps())
+            text = Path(f"/proc/{info['pid']}/status").read_text()
+        every = dict(p for line in text.splitlines() if (p := procfs._parse_counter(line)))
+        st = procfs.parse_status(text)
+        assert (st.vm_rss, st.vm_hwm, st.vm_pte, st.threads, st.thp_disabled) == (
+            every["VmRSS"], every["VmHWM"], every["VmPTE"], every["Threads"],
+            every.get("THP_enabled", 1) == 0)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
