@@ -304,3 +304,46 @@ def test_buffer_holds_two_bursts_of_the_largest_region_count():
     # header), a little more with time extends.
     assert buffer_size_kb(10) == 128
     assert buffer_size_kb(8192) * 1024 >= 2 * 8192 * 56
+
+
+def test_feeding_a_read_at_once_gives_what_feeding_each_event_gives():
+    """The reader feeds each whole read at once (feed_many, plain tuples from
+    parse_event_rows): the snapshots and the counts of dropped and ignored events are those of
+    feeding the same events one at a time, however the reads cut the stream, on bursts that
+    tear, repeat, change their region count, come late or belong to no target."""
+    import random
+
+    rng = random.Random(17)
+    events: list[AggregatedEvent] = []
+    t = 1.0
+    for _ in range(300):
+        target = rng.choice([0, 0, 1, 9])  # 9: no pid
+        nr = rng.choice([1, 2, 3, 5])
+        n = nr if rng.random() < 0.7 else rng.randrange(1, nr + 1)
+        t += rng.choice([0.0, 1.0, 1.0, 0.3])
+        start = rng.randrange(0, 1 << 20, 4096)
+        for k in range(n):
+            nr_k = nr if rng.random() < 0.95 else nr + 1
+            events.append(AggregatedEvent(77, t + k * 1e-5, target, nr_k, start + k * 4096,
+                                          start + (k + 1) * 4096, rng.randrange(5),
+                                          rng.randrange(9)))
+            if rng.random() < 0.03:
+                start -= 8192  # the next one starts below: a new burst
+    pids = {0: 100, 1: 101}
+
+    def fresh() -> SnapshotAssembler:
+        return SnapshotAssembler(sample_us=SAMPLE_US, aggr_us=AGGR_US, target_pids=pids,
+                                 clock=None)
+
+    one = fresh()
+    expect = one.feed_all(events)
+    for _ in range(20):
+        many, got, i = fresh(), [], 0
+        while i < len(events):
+            j = i + rng.choice([1, 2, 7, 50, 400])
+            got += many.feed_many([tuple(e) for e in events[i:j]])
+            i = j
+        assert got == expect
+        assert (many.dropped_groups, many.ignored_events) == (one.dropped_groups,
+                                                             one.ignored_events)
+    assert len(expect) > 50 and one.dropped_groups > 10 and one.ignored_events > 10

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .event_lines import AggregatedEvent
+from .event_lines import AggregatedEvent, EventFields
 from .model import PHYSICAL, VIRTUAL, Region, Snapshot
 
 # pid by target_id: one for all, a fixed mapping, or a function of (target_id, event time)
@@ -83,37 +83,49 @@ class SnapshotAssembler:
 
     def feed(self, event: AggregatedEvent) -> Snapshot | None:
         """Add one event; return the target's snapshot if this event completed it."""
-        pid = self._pid_of(event.target_id, event.timestamp_s)
-        if pid is None or event.nr_regions <= 0:
-            self.ignored_events += 1
-            return None
-        group = self._groups.get(event.target_id)
-        if group is not None and (group.pid != pid or self._starts_new_burst(group, event)):
-            self.dropped_groups += 1
-            group = None
-        if group is None:
-            group = self._groups[event.target_id] = _Group(event.nr_regions, pid)
-        group.regions.append(Region(event.start, event.end, event.nr_accesses, event.age))
-        group.last_ts = event.timestamp_s
-        if len(group.regions) < group.nr_regions:
-            return None
-        del self._groups[event.target_id]
-        return Snapshot(
-            taken_at_s=self._clock() if self._clock is not None else event.timestamp_s,
-            pid=group.pid,
-            sample_us=self.sample_us,
-            aggr_us=self.aggr_us,
-            regions=tuple(group.regions),
-            space=self.space,
-        )
+        done = self.feed_many((event,))
+        return done[0] if done else None
 
-    def _starts_new_burst(self, group: _Group, event: AggregatedEvent) -> bool:
-        last = group.regions[-1]
-        return (
-            event.start < last.end
-            or event.nr_regions != group.nr_regions
-            or event.timestamp_s - group.last_ts > self._burst_gap_s
-        )
+    def feed_many(self, events: Iterable[EventFields]) -> list[Snapshot]:
+        """Add events in order (AggregatedEvents, or plain tuples of their fields in their
+        order: event_lines.parse_event_rows); every snapshot they complete, in order.
+
+        One loop for a whole read: per event, a call to `feed`, an AggregatedEvent and the
+        attribute lookups cost as much as the rest of the reader (~3,800 events per 5 s from
+        the host's kdamond)."""
+        out: list[Snapshot] = []
+        groups, fixed = self._groups, self._target_pids
+        if not isinstance(fixed, int):
+            fixed = None
+        for _, ts, target, nr, start, end, acc, age in events:
+            pid = fixed if fixed is not None else self._pid_of(target, ts)
+            if pid is None or nr <= 0:
+                self.ignored_events += 1
+                continue
+            group = groups.get(target)
+            # A new burst: an event below the previous one (the next aggregation began), a
+            # different region count, or more than half an aggregation after the previous.
+            if group is not None and (group.pid != pid or start < group.regions[-1].end
+                                      or nr != group.nr_regions
+                                      or ts - group.last_ts > self._burst_gap_s):
+                self.dropped_groups += 1
+                group = None
+            if group is None:
+                group = groups[target] = _Group(nr, pid)
+            group.regions.append(Region(start, end, acc, age))
+            group.last_ts = ts
+            if len(group.regions) < nr:
+                continue
+            del groups[target]
+            out.append(Snapshot(
+                taken_at_s=self._clock() if self._clock is not None else ts,
+                pid=pid,
+                sample_us=self.sample_us,
+                aggr_us=self.aggr_us,
+                regions=tuple(group.regions),
+                space=self.space,
+            ))
+        return out
 
     def retune(self, sample_us: int) -> None:
         """The kdamond tuned its sampling interval to `sample_us`: the kernel keeps the
@@ -130,5 +142,6 @@ class SnapshotAssembler:
         self._groups.clear()
 
     def feed_all(self, events: Iterable[AggregatedEvent]) -> list[Snapshot]:
-        """Every snapshot the events complete, in order (for fixtures and tests)."""
+        """Every snapshot the events complete, in order (for fixtures and tests): feed, event
+        by event."""
         return [s for s in map(self.feed, events) if s is not None]

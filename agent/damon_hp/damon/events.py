@@ -46,7 +46,7 @@ from pathlib import Path
 from .. import procfs
 from ..errors import DamonHpError, EnvironmentProblem
 from .assembler import SnapshotAssembler, TargetPids
-from .event_lines import lost_events, parse_event_block, parse_event_line, parse_tune_line
+from .event_lines import lost_events, parse_event_line, parse_event_rows, parse_tune_line
 from .model import Snapshot
 
 TRACEFS = "/sys/kernel/tracing"
@@ -388,11 +388,8 @@ class AggregatedEventStream:
         cut = data.rfind(b"\n") + 1
         self._pending = data[cut:]
         text = data[:cut].decode(errors="replace")
-        if self._on_line is None and (events := parse_event_block(text)) is not None:
-            for event in events:
-                snap = self.assembler.feed(event)
-                if snap is not None:
-                    self._ready.append(snap)
+        if self._on_line is None and (rows := parse_event_rows(text)) is not None:
+            self._ready.extend(self.assembler.feed_many(rows))
             return
         for line in text.splitlines():
             if self._on_line is not None:
