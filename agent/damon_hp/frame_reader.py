@@ -11,7 +11,7 @@ import errno
 import os
 import time
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 
 from damon_hp.frame_moves import page_counters
@@ -238,6 +238,9 @@ def _moved_windows(fd: int, path: str, rng: tuple[int, int], runs: Sequence[Fram
         elif a < b:
             spans.append([a, b])
     moved = []
+    # Runs are in address order and disjoint: each span looks only at those from the last
+    # one starting at or below it (a range of a scattered process has hundreds of runs).
+    starts = [run.start for run in runs]
     for a, b in spans:
         try:
             now = read_entries(fd, a, b)
@@ -246,7 +249,7 @@ def _moved_windows(fd: int, path: str, rng: tuple[int, int], runs: Sequence[Fram
                 raise process_gone(path, e) from e
             raise
         kept = array("Q", bytes(len(now) * ENTRY_BYTES))
-        for run in runs:
+        for run in runs[max(0, bisect_right(starts, a) - 1):bisect_left(starts, b)]:
             lo, hi = max(run.start, a), min(run.end, b)
             if lo < hi:
                 i, j = (lo - run.start) // PAGE_BYTES, (hi - run.start) // PAGE_BYTES
