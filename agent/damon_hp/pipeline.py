@@ -141,6 +141,8 @@ class Look:
     mappings: list[AddrRange]
     frames: PageFrames | None
     """physical sources: its page frames as of this look"""
+    at_s: float
+    """when the frames were read (time.monotonic): what first touch dates its counts by"""
 
 
 @dataclass(frozen=True)
@@ -201,14 +203,15 @@ class Observer:
             mappings = mappings_of(maps)
             frames = (None if self.frames is None
                       else self.frames.read([(m.start, m.end) for m in mappings]))
-        return Look(snap, maps, status, mappings, frames)
+        return Look(snap, maps, status, mappings, frames, time.monotonic())
 
     def complete(self, look: Look, mapped: revmap.VirtualAccess | None = None) -> Observation:
         """The observation from `look`; `mapped`: the reverse map of its frames, if made."""
-        snap, mappings, share = look.snapshot, look.mappings, None
+        snap, mappings, share, counted_at_s = look.snapshot, look.mappings, None, look.at_s
         if look.frames is None:
             with self.cpu.stage(stagecpu.PROCFS):
                 virt, counts = snap, self._resident_counts(mappings)
+            counted_at_s = time.monotonic()
         else:
             if mapped is None:
                 with self.cpu.stage(stagecpu.REVERSE_MAP):
@@ -218,7 +221,7 @@ class Observer:
                 share = mapped.monitored_pages / mapped.resident_pages
             virt, counts = mapped.snapshot, mapped.window_counts()
         # Snapshot times are CLOCK_MONOTONIC (events.py), the clock of time.monotonic().
-        unsteady = self.first_touch.update(counts, snap, looked_at_s=time.monotonic())
+        unsteady = self.first_touch.update(counts, snap, looked_at_s=counted_at_s)
         if mapped is not None and unsteady:
             # Windows reading hot through the physical regions of frames being faulted in
             # carry no evidence either (revmap.VirtualAccess.sharing_accessed_regions).
