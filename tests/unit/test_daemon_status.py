@@ -1,11 +1,13 @@
-"""When damon-hpd writes a managed process's status record again (service.status_due): on any
+"""When damon-hpd writes a managed process's status record again (status_refresh.due): on any
 change but its figures at once, a figure when it leaves 0, other moves of the figures at most
 every STATUS_FIGURES_EVERY_S, so 50 busy processes do not mean 50 files rewritten every
 aggregation."""
 
 from __future__ import annotations
 
-from damon_hp.daemon.service import FIGURES, STATUS_FIGURES_EVERY_S, split_record, status_due
+from damon_hp.daemon.status_refresh import FIGURES, STATUS_FIGURES_EVERY_S
+from damon_hp.daemon.status_refresh import due as status_due
+from damon_hp.daemon.status_refresh import split as split_record
 
 REC = {"target_pid": 7, "rule": "a", "skipped": None, "snapshots": 3, "hot_bytes": 4 << 20,
        "anon_huge_bytes": 0, "promotions": 0, "updated": 1.0}

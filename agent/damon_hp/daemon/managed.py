@@ -41,7 +41,7 @@ class Managed:
         self.skipped: str | None = None
         """why this process gets no collapse (it disabled THP for itself), None while managed"""
         self.status_written: tuple[dict[str, Any], dict[str, Any], float] | None = None
-        """its status record as last written, split (service.split_record: less its time, its
+        """its status record as last written, split (status_refresh.split: less its time, its
         figures), and when (time.monotonic)"""
 
     @property

@@ -47,7 +47,7 @@ from typing import Any
 
 from damon_hp import actuate, policy, procfs, report, stagecpu, status_records
 from damon_hp.daemon import budget as budget_mod
-from damon_hp.daemon import selection
+from damon_hp.daemon import selection, status_refresh
 from damon_hp.daemon.config import DaemonConfig, load_config
 from damon_hp.daemon.managed import Managed
 from damon_hp.daemon.vaddr import MultiTargetSource
@@ -61,11 +61,6 @@ from damon_hp.pipeline import Look, params_for_source
 
 SCAN = "scan"      # the daemon's stages beside the pipeline's (stagecpu.py): /proc rescans,
 STATUS = "status"  # and status records, journal summaries, --json
-# How stale a status record's figures (FIGURES) may grow when nothing else in it changes.
-STATUS_FIGURES_EVERY_S = 15.0
-# The fields of a status record that move with the rounds: counts, and bytes held or hot.
-FIGURES = ("snapshots", "promotions", "promoted_bytes", "collapsed_bytes", "anon_huge_bytes",
-           "hot_bytes", "held_by_budget")
 READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are seen this soon
 MAX_ROUNDS_KEPT = 200
 THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
@@ -106,32 +101,6 @@ def open_source(request: sources.SourceRequest) -> Source:
     if kind == "paddr":
         return sources.open_paddr(mon, why)
     return sources.open_passive(request, found, why)
-
-
-def status_due(written: tuple[dict[str, Any], dict[str, Any], float] | None,
-               record: dict[str, Any], now: float) -> bool:
-    """Whether a managed process's status record must be written again: never written, or
-    something in it but its time and FIGURES changed, or a figure left 0 (the first snapshot,
-    the first promotion show at once), or the figures moved and the last write is
-    STATUS_FIGURES_EVERY_S old. At 50 processes the figures moved in almost every record at
-    every round: 34 files written and renamed per 5-s round, 0.2-0.3 % of a core
-    (docs/cost.md)."""
-    if written is None:
-        return True
-    stable, figures = split_record(record)
-    last_stable, last_figures, last_t = written
-    if stable != last_stable:
-        return True
-    if figures == last_figures:
-        return False
-    return (any(figures[k] and not last_figures.get(k) for k in figures)
-            or now - last_t >= STATUS_FIGURES_EVERY_S)
-
-
-def split_record(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the record less its time and FIGURES, its FIGURES)."""
-    stable = {k: v for k, v in record.items() if k != "updated" and k not in FIGURES}
-    return stable, {k: record[k] for k in FIGURES if k in record}
 
 
 class Service:
@@ -564,11 +533,11 @@ class Service:
         # Only when status_due says so ("updated" is when it last was): rewriting every
         # record every 2 s was 25 JSON files written and renamed a second at 50 processes.
         rec = self._status_record(m, source_info)
-        if not status_due(m.status_written, rec, now):
+        if not status_refresh.due(m.status_written, rec, now):
             return
         try:
             status_records.write_status(rec, path=status_records.status_path(os.getpid(), m.pid))
-            m.status_written = (*split_record(rec), now)
+            m.status_written = (*status_refresh.split(rec), now)
         except OSError:
             pass  # status is a convenience; never let it stop the daemon
 
