@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,24 @@ def load_real() -> tuple[dict, Snapshot, PageFrames]:
               for start, pfns in windows),
     )
     return fx, snaps[-1], frames
+
+
+def take_frames(rng: random.Random, used: set[int], pages: int, absent: float,
+                pick: Callable[[int], int]) -> list[int | None]:
+    """A frame per page, `pick(page)` moved up past any frame `used` already; a share
+    `absent` of the pages not present (None)."""
+    pfns: list[int | None] = []
+    for i in range(pages):
+        p = pick(i)
+        while p in used:
+            p += 1
+        used.add(p)
+        pfns.append(None if rng.random() < absent else p)
+    return pfns
+
+
+def frame_run(start: int, pfns: list[int | None]) -> FrameRun:
+    return FrameRun(start, array("Q", (0 if p is None else PM_PRESENT | p for p in pfns)))
 
 
 def summary(result) -> dict[int, tuple]:
@@ -233,18 +252,9 @@ def test_many_ranges_map_as_each_would_alone_and_match_the_reference():
     runs, ranges = [], []
     for start, pages, kind in layout:
         first = rng.randrange(40_000)
-        pfns = []
-        for i in range(pages):
-            if kind == "run":
-                p = first + i
-            else:
-                p = rng.randrange(200_000, 10_000_000)
-            while p in used:
-                p += 1
-            used.add(p)
-            pfns.append(None if rng.random() < 0.03 else p)
-        runs.append(FrameRun(start, array("Q", (0 if p is None else PM_PRESENT | p
-                                                 for p in pfns))))
+        pfns = take_frames(rng, used, pages, 0.03, lambda i, first=first, kind=kind: (
+            first + i if kind == "run" else rng.randrange(200_000, 10_000_000)))
+        runs.append(frame_run(start, pfns))
         ranges.append((start, start + pages * PAGE_BYTES))
     regions = []
     start = 0
@@ -294,15 +304,9 @@ def random_process(rng: random.Random, pid: int, used: set[int]) -> PageFrames:
     for _ in range(rng.randrange(6)):
         pages = rng.choice([1, PAGES // 2, PAGES, 3 * PAGES, 10 * PAGES])
         first = rng.randrange(10_000_000)
-        pfns = []
-        for i in range(pages):
-            p = first + i if rng.random() < 0.7 else rng.randrange(10_000_000)
-            while p in used:
-                p += 1
-            used.add(p)
-            pfns.append(None if rng.random() < 0.05 else p)
-        runs.append(FrameRun(start, array("Q", (0 if p is None else PM_PRESENT | p
-                                                 for p in pfns))))
+        pfns = take_frames(rng, used, pages, 0.05, lambda i, first=first: (
+            first + i if rng.random() < 0.7 else rng.randrange(10_000_000)))
+        runs.append(frame_run(start, pfns))
         ranges.append((start, start + pages * PAGE_BYTES))
         start += pages * PAGE_BYTES + rng.choice([0, PAGE_BYTES, HUGE_PAGE_BYTES, 7 * MIB])
     return PageFrames(pid, tuple(ranges), tuple(runs))
