@@ -83,7 +83,7 @@ def parse_event_block(text: str) -> list[AggregatedEvent] | None:
 
 def parse_event_rows(text: str) -> list[EventFields] | None:
     """`parse_event_block` as plain tuples of AggregatedEvent's fields (its order), for
-    SnapshotAssembler.feed_many: making the NamedTuple cost a quarter of reading an event."""
+    SnapshotAssembler.feed_many: making the NamedTuple cost ~0.25 us of the ~2.7 per line."""
     found = _PLAIN_LINE.findall(text)
     # splitlines also splits at \r, \f and other separators that `.` crosses: a block holding
     # any is left to the line by line path, which sees the lines splitlines makes
