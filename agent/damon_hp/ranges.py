@@ -148,11 +148,15 @@ def subtract(ranges: Iterable[AddrRange], minus: Iterable[AddrRange]) -> list[Ad
 def overlap_bytes(ranges: Iterable[AddrRange], others: Iterable[AddrRange]) -> int:
     """Bytes where `ranges` and `others` overlap, each list disjoint (in any order): one sweep,
     not every pair."""
-    a, b = sorted(ranges), sorted(others)
+    # Plain (start, end) pairs: sorting AddrRanges compares through their dataclass __lt__, and
+    # the agent measures ~1,000 hot ranges against its huge ones at every aggregation.
+    a = sorted((r.start, r.end) for r in ranges)
+    b = sorted((r.start, r.end) for r in others)
     total = i = j = 0
     while i < len(a) and j < len(b):
-        total += max(0, min(a[i].end, b[j].end) - max(a[i].start, b[j].start))
-        if a[i].end <= b[j].end:
+        (a_lo, a_hi), (b_lo, b_hi) = a[i], b[j]
+        total += max(0, min(a_hi, b_hi) - max(a_lo, b_lo))
+        if a_hi <= b_hi:
             i += 1
         else:
             j += 1

@@ -262,3 +262,25 @@ def test_overlap_bytes_sweeps_two_disjoint_lists_in_any_order():
     huge = [AddrRange(28, 40), AddrRange(5, 25)]
     assert overlap_bytes(hot, huge) == 5 + 5 + 2
     assert overlap_bytes([], huge) == 0
+
+
+def test_overlap_bytes_is_the_sum_over_every_pair_on_random_lists():
+    import random
+
+    from damon_hp.ranges import AddrRange, overlap_bytes
+
+    rng = random.Random(5)
+
+    def disjoint(n: int) -> list[AddrRange]:
+        out, at = [], 0
+        for _ in range(n):
+            at += rng.randrange(0, 5) << 20
+            length = rng.randrange(1, 4) << 20
+            out.append(AddrRange(at, at + length))
+            at += length
+        rng.shuffle(out)
+        return out
+
+    for _ in range(300):
+        a, b = disjoint(rng.randrange(0, 30)), disjoint(rng.randrange(0, 30))
+        assert overlap_bytes(a, b) == sum(x.overlap(y) for x in a for y in b)
