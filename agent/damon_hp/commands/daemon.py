@@ -41,7 +41,7 @@ def set_argparser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from damon_hp.daemon import selection
+    from damon_hp.daemon import reporting, selection
     from damon_hp.daemon.config import load_config
     from damon_hp.daemon.service import Service
 
@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         svc.start()
         why = svc.run()
         code = EXIT_FAILURE if why in lifecycle.LOST_MONITORING else 0
-        print(f"damon-hpd: stopping ({why}): {svc.summary()}", file=sys.stderr, flush=True)
+        print(f"damon-hpd: stopping ({why}): {reporting.summary(svc)}", file=sys.stderr, flush=True)
     except DamonHpError as e:
         print(e, file=sys.stderr)
         code = e.exit_code
@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         try:
             svc.close()
-            svc.write_json()
+            reporting.write_json(svc)
         finally:
             svc.restore_signals()
     return code

@@ -16,7 +16,8 @@ Each round:
     for each managed process:  pipeline.act(admitted)
 
 The per-process pipeline (pipeline.py) is the one `run` and `attach` use: the reverse map with
-its frame cache, first-touch withholding, the policy, the actuator.
+its frame cache, first-touch withholding, the policy, the actuator. What the daemon tells
+(journal lines, status records, the summary, --json) is reporting.py's.
 
 Between rounds: a managed process that exited is let go at once (its pidfd is polled every loop
 iteration), /proc is rescanned every `scan_every_s` (new matches are managed, processes no
@@ -37,19 +38,18 @@ MADV_COLLAPSE alone, with every source), per-process policy thresholds.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import select
 import signal
-import sys
 import time
 from typing import Any
 
 from damon_hp import actuate, policy, procfs, report, stagecpu, status_records
 from damon_hp.daemon import budget as budget_mod
-from damon_hp.daemon import selection, status_refresh
+from damon_hp.daemon import reporting, selection
 from damon_hp.daemon.config import DaemonConfig, load_config
 from damon_hp.daemon.managed import Managed
+from damon_hp.daemon.reporting import log
 from damon_hp.daemon.vaddr import MultiTargetSource
 from damon_hp.damon import ownership, placement, revmap, sources
 from damon_hp.damon.events import EventStreamLost
@@ -65,15 +65,6 @@ READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are see
 MAX_ROUNDS_KEPT = 200
 THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
                        "in /proc/PID/status): the kernel refuses every collapse of its memory")
-
-
-def _own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def log(text: str) -> None:
-    print(f"damon-hpd: {text}", file=sys.stderr, flush=True)
 
 
 def mem_total_bytes() -> int:
@@ -109,7 +100,7 @@ class Service:
         self.json_path = json_path
         self.source: Source | None = None
         self.managed: dict[int, Managed] = {}
-        self._start_ticks: int | None = None  # ours, for status records
+        self.start_ticks: int | None = None  # ours, for status records
         # (pid, start ticks) another agent manages: said once, tried again every scan
         self.refused: set[tuple[int, int]] = set()
         self.scanner = selection.Scanner()
@@ -172,7 +163,7 @@ class Service:
             f"{len(self.config.exclude)} exclude rules, budget "
             f"{report.fmt_bytes(self.budget_bytes) if self.budget_bytes is not None else 'none'}")
         self.rescan()
-        self.start_cpu_s = _own_cpu_s()
+        self.start_cpu_s = reporting.own_cpu_s()
 
     def close(self) -> None:
         """Let go of every process, close the stream (tracefs instance, our kdamond), remove
@@ -234,12 +225,12 @@ class Service:
                 return "kdamond stopped"
             if status_due:
                 with self.cpu.stage(STATUS):
-                    self.write_statuses()
+                    reporting.write_statuses(self)
                 status_due = False
             if now >= next_summary:
                 with self.cpu.stage(STATUS):
-                    log(self.summary())
-                    self.write_json()
+                    log(reporting.summary(self))
+                    reporting.write_json(self)
                 next_summary = now + self.config.summary_every_s
         return signal.Signals(self.stop_signal).name
 
@@ -326,8 +317,9 @@ class Service:
             m.close()
             return
         try:
-            other = status_records.claim_managed(self._status_record(m, self.source.info()),
-                                                 status_records.status_path(os.getpid(), m.pid))
+            other = status_records.claim_managed(
+                reporting.status_record(self, m, self.source.info()),
+                status_records.status_path(os.getpid(), m.pid))
         except (OSError, EnvironmentProblem) as e:
             m.close()
             log(f"not managing pid {info.pid} ({info.comm}): cannot write its status record, "
@@ -454,7 +446,7 @@ class Service:
                                 "admitted": (c.pid, c.start) in admitted} for c in candidates],
             })
             del self.rounds[:-MAX_ROUNDS_KEPT]
-            self.write_json()
+            reporting.write_json(self)
 
     def _reverse_map_all(self, phys: Snapshot | None,
                          looks: dict[int, Look]) -> dict[int, revmap.VirtualAccess]:
@@ -498,111 +490,3 @@ class Service:
             m.skipped = None
             log(f"managing pid {m.pid} (rule {m.rule}) again: it allows THP now")
         return False
-
-    # -- reporting -----------------------------------------------------------------------
-
-    def _status_record(self, m: Managed, source_info: dict[str, Any]) -> dict[str, Any]:
-        assert self.source is not None
-        if self._start_ticks is None:
-            self._start_ticks = ownership.process_start_ticks(os.getpid())
-        return {
-            "agent_pid": os.getpid(),
-            "agent_start_ticks": self._start_ticks,
-            "mode": f"daemon (rule {m.rule})",
-            "rule": m.rule,
-            "target_pid": m.pid,
-            "target_start_ticks": m.info.start_ticks,
-            "command": list(m.info.cmdline),
-            "since": m.since,
-            "source": source_info,
-            "kdamond_pid": self.source.kdamond_pid,
-            "snapshots": m.snapshots,
-            "promotions": m.collapses,
-            "promoted_bytes": m.state.promoted_bytes,
-            "collapsed_bytes": m.collapsed_bytes,
-            "demotions": 0,
-            "anon_huge_bytes": m.huge_bytes,
-            "hot_bytes": m.hot_bytes,
-            "held_by_budget": m.held_by_budget,
-            "budget_bytes": self.budget_bytes,
-            "skipped": m.skipped,
-            "updated": time.time(),
-        }
-
-    def _write_status(self, m: Managed, source_info: dict[str, Any], now: float) -> None:
-        # Only when status_due says so ("updated" is when it last was): rewriting every
-        # record every 2 s was 25 JSON files written and renamed a second at 50 processes.
-        rec = self._status_record(m, source_info)
-        if not status_refresh.due(m.status_written, rec, now):
-            return
-        try:
-            status_records.write_status(rec, path=status_records.status_path(os.getpid(), m.pid))
-            m.status_written = (*status_refresh.split(rec), now)
-        except OSError:
-            pass  # status is a convenience; never let it stop the daemon
-
-    def write_statuses(self) -> None:
-        if not self.managed:
-            return
-        assert self.source is not None
-        info, now = self.source.info(), time.monotonic()
-        for m in self.managed.values():
-            self._write_status(m, info, now)
-
-    def summary(self) -> str:
-        held = sum(m.held_bytes for m in self.managed.values())
-        per_rule: dict[str, int] = {}
-        for m in self.managed.values():
-            per_rule[m.rule] = per_rule.get(m.rule, 0) + 1
-        rules = ", ".join(f"{k}: {v}" for k, v in sorted(per_rule.items())) or "none"
-        b = self.budget_bytes
-        t = self.totals
-        skipped = sum(m.skipped is not None for m in self.managed.values())
-        return (f"{len(self.managed)} processes managed ({rules}"
-                + (f"; {skipped} skipped: THP disabled by the process" if skipped else "")
-                + "); huge pages held "
-                f"{report.fmt_bytes(held)} of budget "
-                f"{report.fmt_bytes(b) if b is not None else 'none'}; {t['collapses']} "
-                f"collapses ({report.fmt_bytes(t['collapsed_bytes'])}), {t['errors']} failed; "
-                f"ranges held (per snapshot) by the budget {t['held_by_budget']}, by rule "
-                f"budgets {t['held_by_rule']}; "
-                f"{t['rounds']} snapshots")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "config": self.config.path,
-            "source": self.source.info() if self.source is not None else self.source_info,
-            "budget_bytes": self.budget_bytes,
-            "rule_budgets": self.rule_budgets(),
-            "held_bytes": sum(m.held_bytes for m in self.managed.values()),
-            "processes": [m.to_json() for m in self.managed.values()],
-            "totals": dict(self.totals),
-            "rounds": self.rounds,
-            "wall_s": round(time.monotonic() - self.started, 3),
-            "cpu_s": round(_own_cpu_s(), 3),
-            "start_cpu_s": round(self.start_cpu_s, 3),
-            "collapse_cpu_s": round(self.collapse_cpu_s, 3),
-            "monitoring_cpu_by_stage": self.cpu_by_stage(),
-        }
-
-    def cpu_by_stage(self) -> dict[str, float]:
-        """The daemon's CPU per stage so far, every process's pipeline included."""
-        total = stagecpu.StageCpu(dict(self.cpu.seconds))
-        for m in self.managed.values():
-            total.merge(m.pipeline.cpu.seconds)
-        return total.to_dict()
-
-    def write_json(self) -> None:
-        if not self.json_path:
-            return
-        try:
-            report_path = self.json_path
-            tmp = f"{report_path}.tmp"
-            # json.dumps (one string) takes the C encoder; json.dump to a file runs the
-            # Python one, ~15 ms per write with 200 rounds of candidates at 50 processes.
-            text = json.dumps(self.to_json())
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, report_path)
-        except OSError as e:
-            log(f"cannot write --json {self.json_path}: {e.strerror}")
