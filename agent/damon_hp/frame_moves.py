@@ -75,10 +75,22 @@ def forget_pid(pid: int) -> None:
 
 
 def _collapse_allocs() -> int:
+    return _vmstat(_VMSTAT_CHURN[:1])[0]
+
+
+def _vmstat(names: tuple[bytes, ...]) -> tuple[int, ...]:
+    """The /proc/vmstat counters `names` (-1 for one this kernel lacks)."""
     with open("/proc/vmstat", "rb") as f:
-        text = f.read()
-    at = text.find(b"\n" + _VMSTAT_CHURN[0] + b" ")
-    return int(text[at + len(_VMSTAT_CHURN[0]) + 2:text.index(b"\n", at + 1)]) if at >= 0 else -1
+        text = b"\n" + f.read()
+    out = []
+    for name in names:
+        at = text.find(b"\n" + name + b" ")
+        if at < 0:
+            out.append(-1)
+            continue
+        value_at = at + len(name) + 2
+        out.append(int(text[value_at:text.index(b"\n", value_at)]))
+    return tuple(out)
 
 
 # The machine's counters for a round of reads (`shared_machine_counters`), else None.
@@ -108,10 +120,8 @@ def _machine_counters() -> tuple[bool, tuple[int, ...], tuple[int, ...]]:
             ksm = f.read().strip() != b"0"
     except FileNotFoundError:
         ksm = False  # no KSM in this kernel
-    with open("/proc/vmstat", "rb") as f:
-        counters = dict(line.split() for line in f.read().splitlines())
-    read = (ksm, tuple(int(counters.get(name, -1)) for name in _VMSTAT_MOVES),
-            tuple(int(counters.get(name, -1)) for name in _VMSTAT_CHURN))
+    counters = _vmstat(_VMSTAT_MOVES + _VMSTAT_CHURN)
+    read = (ksm, counters[:len(_VMSTAT_MOVES)], counters[len(_VMSTAT_MOVES):])
     if _round is not None:
         _round.append(read)
     return read
