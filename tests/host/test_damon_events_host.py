@@ -201,6 +201,29 @@ def test_reader_yields_whole_plausible_snapshots_cheaply(kdamond):
     assert [sn.regions for sn in again][-3:] == [sn.regions for sn in snaps]
 
 
+def test_binary_pages_give_the_snapshots_trace_pipe_text_gives(kdamond):
+    """Two streams at once on the same kdamond: the default one reads trace_pipe_raw pages
+    here, the other (asked for its lines) trace_pipe text; every aggregation both completed
+    has the same regions in both, made at the same moment."""
+    lines: list[str] = []
+    with stream(kdamond) as raw, stream(kdamond, on_line=lines.append) as text:
+        assert raw.reads_binary and not text.reads_binary
+        got_raw, got_text = [], []
+        deadline = time.monotonic() + 4 * kdamond.aggr_s + 20
+        while (len(got_raw) < 3 or len(got_text) < 3) and time.monotonic() < deadline:
+            for s, got in ((raw, got_raw), (text, got_text)):
+                snap = s.next_snapshot(timeout_s=0.2)
+                if snap is not None:
+                    got.append(snap)
+        assert raw.lost_events == 0 and text.lost_events == 0
+    assert len(got_raw) >= 3 and len(got_text) >= 3, (len(got_raw), len(got_text))
+    # the same aggregation: made within a millisecond (each instance stamps its own copy)
+    pairs = [(a, b) for a in got_raw for b in got_text if abs(a.taken_at_s - b.taken_at_s) < 1e-3]
+    assert len(pairs) >= 2, ([a.taken_at_s for a in got_raw], [b.taken_at_s for b in got_text])
+    for a, b in pairs:
+        assert a.regions == b.regions and len(a.regions) > 0
+
+
 def test_instance_is_private_filtered_and_removed_on_close(kdamond):
     s = stream(kdamond).open()
     path = s.instance

@@ -11,7 +11,9 @@ One module per job:
     schemes.py       how a DAMOS Scheme becomes sysfs writes (kdamond.py calls it)
     ownership.py     records that prove a kdamond ours
     events.py        the damon_aggregated event stream of any kdamond, as whole snapshots
-    event_lines.py   pure: one trace_pipe line -> one event
+    raw_reader.py    the instance's per-CPU trace_pipe_raw files -> events (events.py uses)
+    event_pages.py   pure: trace_pipe_raw pages -> events (binary)
+    event_lines.py   pure: one trace_pipe line -> one event (text: fixtures, unknown layouts)
     assembler.py     pure: events -> whole per-target snapshots
     targets.py       which process an event's target_id means while targets change
     revmap.py        physical regions -> one process's per-2 MiB access picture (pagemap)

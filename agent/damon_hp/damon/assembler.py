@@ -11,9 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
+
+from damon_hp.numpy_lean import np
 
 from .event_lines import AggregatedEvent, EventFields
 from .model import PHYSICAL, VIRTUAL, Region, Snapshot
+
+# Region._make without its length check: a third faster, and the rows are 4-tuples by dtype
+_new_region = partial(tuple.__new__, Region)
 
 # pid by target_id: one for all, a fixed mapping, or a function of (target_id, event time)
 TargetPids = Mapping[int, int] | int | Callable[[int, float], int | None]
@@ -117,15 +123,67 @@ class SnapshotAssembler:
             if len(group.regions) < nr:
                 continue
             del groups[target]
-            out.append(Snapshot(
-                taken_at_s=self._clock() if self._clock is not None else ts,
-                pid=pid,
-                sample_us=self.sample_us,
-                aggr_us=self.aggr_us,
-                regions=tuple(group.regions),
-                space=self.space,
-            ))
+            out.append(self._snapshot(pid, group, ts))
         return out
+
+    def feed_array(self, events: np.ndarray) -> list[Snapshot]:
+        """`feed_many` for an array of event_pages.EVENT_DTYPE, in order: the same snapshots,
+        drops and counts, with the bursts found by numpy where every event is of one target
+        and the pid is fixed (a paddr kdamond's: its only target is 0), else row by row.
+
+        Per event, only a Region is made in Python (~0.3 us); the row by row loop cost
+        ~0.55 us more (~3,000 events per 5 s from the host's kdamond)."""
+        if not len(events):
+            return []
+        targets = events["target_id"]
+        if not isinstance(self._target_pids, int) or (targets != targets[0]).any():
+            return self.feed_many(events.tolist())
+        target, pid = int(targets[0]), self._target_pids
+        nr, start, end, ts = (events[k] for k in ("nr_regions", "start", "end", "timestamp_s"))
+        if not (nr > 0).all():
+            return self.feed_many(events.tolist())
+        # Where feed_many would end a group before the event (the same tests, pairwise)
+        breaks = np.flatnonzero((start[1:] < end[:-1]) | (nr[1:] != nr[:-1])
+                                | (ts[1:] - ts[:-1] > self._burst_gap_s)) + 1
+        regions = list(map(_new_region, events[["start", "end", "nr_accesses", "age"]].tolist()))
+        out: list[Snapshot] = []
+        group = self._groups.get(target)
+        first = 0
+        for stop in [*breaks.tolist(), len(events)]:
+            count = int(nr[first])
+            if group is not None:
+                if (group.pid != pid or int(start[first]) < group.regions[-1].end
+                        or count != group.nr_regions
+                        or float(ts[first]) - group.last_ts > self._burst_gap_s):
+                    self.dropped_groups += 1
+                    group = None
+            at = first
+            while at < stop:
+                if group is None:
+                    group = _Group(count, pid)
+                take = min(stop - at, count - len(group.regions))
+                group.regions.extend(regions[at:at + take])
+                at += take
+                group.last_ts = float(ts[at - 1])
+                if len(group.regions) == count:
+                    out.append(self._snapshot(pid, group, group.last_ts))
+                    group = None
+            first = stop
+        if group is None:
+            self._groups.pop(target, None)
+        else:
+            self._groups[target] = group
+        return out
+
+    def _snapshot(self, pid: int, group: _Group, ts: float) -> Snapshot:
+        return Snapshot(
+            taken_at_s=self._clock() if self._clock is not None else ts,
+            pid=pid,
+            sample_us=self.sample_us,
+            aggr_us=self.aggr_us,
+            regions=tuple(group.regions),
+            space=self.space,
+        )
 
     def retune(self, sample_us: int) -> None:
         """The kdamond tuned its sampling interval to `sample_us`: the kernel keeps the

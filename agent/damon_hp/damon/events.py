@@ -10,17 +10,19 @@ The events are read from a private tracefs instance (`instances/damon-hp-<ourpid
 instance is removed on close; `remove_stale_instances` removes those left by a damon-hp process
 that died before it could.
 
-Three layers, the lower two pure and in their own modules:
+Four layers, the lower three pure and in their own modules:
+    event_pages.decode_pages(pages) -> events          trace_pipe_raw pages (binary)
     event_lines.parse_event_line(line) -> AggregatedEvent | None  one line of trace_pipe
-    assembler.SnapshotAssembler.feed(event) -> Snapshot | None   whole aggregations of a target
-    AggregatedEventStream(kdamond_pid, ...)                      the tracefs instance, its reader
+    assembler.SnapshotAssembler.feed_array/feed(...) -> Snapshots  whole aggregations
+    AggregatedEventStream(kdamond_pid, ...)            the tracefs instance, its reader
 
-Cost, measured on the development host (6.18, 2 cores, loaded; a paddr kdamond with
-1,400-1,900 regions per 5 s aggregation): about 12 ms of CPU per snapshot, 9 ms of it in Python
-(parsing ~1.7 us per line, grouping) and 3 ms in the kernel formatting trace_pipe text. That
-is 0.25 % of a core, so `trace_pipe_raw` (binary ring-buffer pages, one file per CPU, a page
-format to decode) is not worth its complexity; it would be at a 100 ms aggregation with
-thousands of regions.
+The stream reads binary pages (raw_reader.py: one trace_pipe_raw file per CPU) unless asked
+for the lines (`on_line`, to record fixtures) or where tracefs describes a page or event layout
+the decoder does not know; then trace_pipe text. Cost, measured on the development host (6.18,
+2 cores, quiet; ~1,330 events per 5 s aggregation from its paddr kdamond; 2026-11-27): 7-10 ms
+of CPU per snapshot as text (the kernel printing each event, Python parsing it back at ~2.2 us
+a line with the assembling), 3-4.5 ms as binary pages (record headers walked in Python, fields
+gathered with numpy, ~0.3 us a Region).
 
 Found on this host: the kdamond emits a whole aggregation in one burst of ~3 ms (first event
 sometimes a few ms ahead of the rest); for paddr, target_id is 0 and a target's regions are
@@ -38,6 +40,7 @@ import math
 import os
 import re
 import select
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -45,9 +48,11 @@ from pathlib import Path
 
 from .. import procfs
 from ..errors import DamonHpError, EnvironmentProblem
+from ..numpy_lean import np
 from .assembler import SnapshotAssembler, TargetPids
 from .event_lines import lost_events, parse_event_line, parse_event_rows, parse_tune_line
 from .model import Snapshot
+from .raw_reader import RawPipes, RawRead, raw_layouts
 
 TRACEFS = "/sys/kernel/tracing"
 INSTANCE_PREFIX = "damon-hp-"
@@ -200,6 +205,7 @@ class AggregatedEventStream:
         self._instances_fd: int | None = None
         self._instance_fd: int | None = None
         self._pending = b""
+        self._raw: RawPipes | None = None
         self._ready: deque[Snapshot] = deque()
         self._filter = f"common_pid == {kdamond_pid}"
         self._last_check = 0.0
@@ -270,6 +276,16 @@ class AggregatedEventStream:
             _write_at(fd, f"{TUNE_EVENT_DIR}/filter", self._filter)
             _write_at(fd, f"{TUNE_EVENT_DIR}/enable", "1")
             self.follows_tuning = True
+        layouts = (raw_layouts(self.tracefs, EVENT_DIR,
+                               TUNE_EVENT_DIR if self.follows_tuning else None)
+                   if self._on_line is None and sys.byteorder == "little" else None)
+        if layouts is not None:
+            # Binary pages: no text for the kernel to print and Python to parse back. Poll
+            # wakes a reader of trace_pipe_raw only once the buffer is `buffer_percent` full
+            # (50 by default): 0 wakes it at the first event, as trace_pipe does.
+            _write_at(fd, "buffer_percent", "0")
+            self._raw = RawPipes(fd, layouts)
+            return
         self._fd = os.open("trace_pipe", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
 
     def _close_dir_fds(self) -> None:
@@ -284,6 +300,9 @@ class AggregatedEventStream:
             # rmdir fails with EBUSY while trace_pipe is open.
             os.close(self._fd)
             self._fd = None
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
         if self._instance_fd is not None:
             os.close(self._instance_fd)
             self._instance_fd = None
@@ -330,15 +349,16 @@ class AggregatedEventStream:
         (`kdamond_alive()` tells whether it is still there). Raises EventStreamLost if someone
         disabled our event, changed its filter or stopped tracing in our instance.
         """
-        if self._fd is None:
+        if self._fd is None and self._raw is None:
             raise RuntimeError("AggregatedEventStream is not open")
+        fds = [self._fd] if self._fd is not None else self._raw.fds  # type: ignore[union-attr]
         deadline = time.monotonic() + timeout_s
         while not self._ready:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._check_instance()
                 return None
-            readable, _, _ = select.select([self._fd], [], [], min(remaining, HEALTH_CHECK_S))
+            readable, _, _ = select.select(fds, [], [], min(remaining, HEALTH_CHECK_S))
             if not readable or not self._drain():
                 self._check_instance_every(HEALTH_CHECK_S)
         return self._ready.popleft()
@@ -366,6 +386,8 @@ class AggregatedEventStream:
 
     def _drain(self) -> bool:
         """Read what trace_pipe has (a page per read at most); False if nothing was there."""
+        if self._raw is not None:
+            return self._drain_raw(self._raw)
         got = False
         while True:
             try:
@@ -382,6 +404,33 @@ class AggregatedEventStream:
             got = True
             self._feed_bytes(chunk)
         return got
+
+    def _drain_raw(self, raw: RawPipes) -> bool:
+        try:
+            read = raw.read()
+        except OSError as e:
+            raise EventStreamLost(
+                f"reading {self.instance}/per_cpu/*/trace_pipe_raw failed "
+                f"({os.strerror(e.errno or 0)}): the DAMON event stream is gone"
+            ) from e
+        if read is None:
+            return False
+        self._feed_raw(read)
+        return True
+
+    def _feed_raw(self, read: RawRead) -> None:
+        if read.missed:
+            # Like trace_pipe's "[LOST n EVENTS]" line; the kernel does not always say how many
+            self.lost_events += max(1, read.missed_count)
+            self.assembler.reset()
+        events = read.events
+        for at_s, sample_us in read.tunes:
+            # Events before a retune carry the old intervals, those after it the new ones.
+            cut = int(np.searchsorted(events["timestamp_s"], at_s, side="right"))
+            self._ready.extend(self.assembler.feed_array(events[:cut]))
+            self.assembler.retune(sample_us)
+            events = events[cut:]
+        self._ready.extend(self.assembler.feed_array(events))
 
     def _feed_bytes(self, chunk: bytes) -> None:
         data = self._pending + chunk
@@ -436,6 +485,12 @@ class AggregatedEventStream:
                 f"tracefs instance {path} was changed by someone else ({'; '.join(problems)}): "
                 "damon-hp's DAMON event stream is lost; do not modify damon-hp-* instances"
             )
+
+    @property
+    def reads_binary(self) -> bool:
+        """Whether the events come as per-CPU trace_pipe_raw pages (else trace_pipe text:
+        with `on_line`, or where tracefs describes layouts this reader does not know)."""
+        return self._raw is not None
 
     def kdamond_alive(self) -> bool:
         """Whether the followed kdamond thread still exists."""

@@ -1,0 +1,144 @@
+"""The per-CPU `trace_pipe_raw` files of our tracefs instance: binary pages in, events out.
+
+events.AggregatedEventStream owns the instance (creating it, its filter, its removal); this
+module only opens its `per_cpu/cpuN/trace_pipe_raw` files and turns what they hold into
+events (event_pages.py decodes). A read of trace_pipe_raw consumes one sub-buffer of that
+CPU's ring buffer, or what has been committed of the page being written
+(tracing_buffers_read() reads partial pages), so every event is read once.
+
+The kdamond may run on any CPU and move between them: each read takes every CPU's pages and
+sorts their events by time (the instance's trace clock is "mono", one clock for every CPU).
+An event committed on one CPU while another is being read arrives at the next read, after
+events that are newer: the assembler drops the aggregation that tears (it never returns a
+torn one), as it does for lost events.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from damon_hp.numpy_lean import np
+
+from .event_pages import (
+    AGGREGATED_FIELDS,
+    EVENT_DTYPE,
+    TUNE_FIELDS,
+    PageLayout,
+    RecordLayout,
+    decode_pages,
+    page_layout,
+    record_layout,
+)
+
+_MAX_PAGES_PER_READ = 4096  # a bound on one drain: 16 MiB of 4 KiB pages per CPU
+
+
+@dataclass(frozen=True)
+class RawLayouts:
+    page: PageLayout
+    aggregated: RecordLayout
+    tune: RecordLayout | None
+
+
+def raw_layouts(tracefs: Path, event_dir: str, tune_dir: str | None) -> RawLayouts | None:
+    """The page and record layouts this kernel's tracefs describes, or None where it
+    describes something this reader does not know (then read trace_pipe text)."""
+    try:
+        page = page_layout((tracefs / "events/header_page").read_text())
+        agg = record_layout((tracefs / event_dir / "format").read_text(), AGGREGATED_FIELDS)
+        tune = (record_layout((tracefs / tune_dir / "format").read_text(), TUNE_FIELDS)
+                if tune_dir is not None else None)
+    except OSError:
+        return None
+    if page is None or agg is None:
+        return None
+    return RawLayouts(page, agg, tune)
+
+
+@dataclass
+class RawRead:
+    """One read of every CPU: events sorted by time (EVENT_DTYPE), tune events likewise,
+    and what the kernel said it dropped before them."""
+
+    events: np.ndarray
+    tunes: list[tuple[float, int]]
+    missed: bool
+    missed_count: int
+
+
+class RawPipes:
+    """The open `trace_pipe_raw` files of one instance, one per CPU."""
+
+    def __init__(self, instance_fd: int, layouts: RawLayouts) -> None:
+        self.layouts = layouts
+        self.page_bytes = _subbuf_bytes(instance_fd)
+        self.fds: list[int] = []
+        try:
+            cpus = os.open("per_cpu", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                           dir_fd=instance_fd)
+            try:
+                names = sorted((n for n in os.listdir(cpus) if n.startswith("cpu")),
+                               key=lambda n: int(n[3:]))
+                for name in names:
+                    self.fds.append(os.open(f"{name}/trace_pipe_raw",
+                                            os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC,
+                                            dir_fd=cpus))
+            finally:
+                os.close(cpus)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def read(self) -> RawRead | None:
+        """Everything the CPUs' buffers hold now, or None if they held nothing. OSError
+        passes up (the instance is gone)."""
+        events, tunes, missed, missed_count = [], [], False, 0
+        for fd in self.fds:
+            pages = self._pages(fd)
+            if not pages:
+                continue
+            got = decode_pages(pages, self.layouts.page, self.layouts.aggregated,
+                               self.layouts.tune)
+            events.append(got.events)
+            tunes += got.tunes
+            missed |= got.missed
+            missed_count += got.missed_count
+        if not events:
+            return None
+        merged = events[0] if len(events) == 1 else np.concatenate(events)
+        if len(events) > 1:
+            merged = merged[np.argsort(merged["timestamp_s"], kind="stable")]
+        return RawRead(merged if len(merged) else np.empty(0, EVENT_DTYPE), sorted(tunes),
+                       missed, missed_count)
+
+    def _pages(self, fd: int) -> list[bytes]:
+        pages = []
+        for _ in range(_MAX_PAGES_PER_READ):
+            try:
+                page = os.read(fd, self.page_bytes)
+            except BlockingIOError:
+                break
+            if not page:
+                break
+            pages.append(page)
+        return pages
+
+
+def _subbuf_bytes(instance_fd: int) -> int:
+    """The ring buffer's sub-buffer size: one read returns one (6.8+ can change it through
+    buffer_subbuf_size_kb; before, a page)."""
+    try:
+        fd = os.open("buffer_subbuf_size_kb", os.O_RDONLY | os.O_CLOEXEC, dir_fd=instance_fd)
+    except FileNotFoundError:
+        return os.sysconf("SC_PAGE_SIZE")
+    try:
+        return int(os.read(fd, 64).decode().strip()) * 1024
+    finally:
+        os.close(fd)
