@@ -29,6 +29,7 @@ from damon_hp.damon.events import (
     instance_name,
     remove_stale_instances,
 )
+from damon_hp.damon.text_reader import TextFeed
 from damon_hp.errors import EnvironmentProblem
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/damon-aggregated-paddr-host-6.18.txt"
@@ -173,21 +174,21 @@ def test_stream_reads_blocks_and_odd_lines_alike():
     of any size, with and without a LOST marker between them."""
     text = "\n".join(fixture_lines()[1:]) + "\n"
     for size in (100, 4096, 1 << 16, len(text)):
-        stream = AggregatedEventStream(77, sample_us=SAMPLE_US, aggr_us=AGGR_US)
+        pipe, asm = TextFeed(follow_tuning=False), assembler()
         data = text.encode()
+        snaps = []
         for i in range(0, len(data), size):
-            stream._feed_bytes(data[i:i + size])
-        snaps = list(stream._ready)
+            snaps += pipe.feed_bytes(data[i:i + size], asm)[0]
         expect = assembler().feed_all(fixture_events())
         assert [s.regions for s in snaps] == [s.regions for s in expect], size
     first, second = bursts(fixture_events())[:2]
     lines = fixture_lines()[1:]
     cut = len(first) // 2
     lost = [*lines[:cut], "CPU:0 [LOST 3 EVENTS]", *lines[cut:]]
-    stream = AggregatedEventStream(77, sample_us=SAMPLE_US, aggr_us=AGGR_US)
-    stream._feed_bytes(("\n".join(lost) + "\n").encode())
-    assert stream.lost_events == 3
-    assert [s.regions for s in stream._ready] == [assembler().feed_all(second)[0].regions]
+    feed = TextFeed(follow_tuning=False)
+    snaps, n = feed.feed_bytes(("\n".join(lost) + "\n").encode(), assembler())
+    assert n == 3
+    assert [s.regions for s in snaps] == [assembler().feed_all(second)[0].regions]
 
 
 # -- SnapshotAssembler -------------------------------------------------------------------------

@@ -48,11 +48,10 @@ from pathlib import Path
 
 from .. import procfs
 from ..errors import DamonHpError, EnvironmentProblem
-from ..numpy_lean import np
 from .assembler import SnapshotAssembler, TargetPids
-from .event_lines import lost_events, parse_event_line, parse_event_rows, parse_tune_line
 from .model import Snapshot
-from .raw_reader import RawPipes, RawRead, raw_layouts
+from .raw_reader import RawPipes, raw_layouts
+from .text_reader import TextPipe
 
 TRACEFS = "/sys/kernel/tracing"
 INSTANCE_PREFIX = "damon-hp-"
@@ -69,7 +68,6 @@ BURSTS_BUFFERED = 2
 MIN_BUFFER_KB = 128
 # How often a reader that sees no data checks that its instance is still set up as it left it.
 HEALTH_CHECK_S = 1.0
-_READ_BYTES = 1 << 16
 _RMDIR_TRIES = 20
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -197,15 +195,13 @@ class AggregatedEventStream:
         self.instance: Path | None = None
         self.lost_events = 0
         self.skipped_snapshots = 0
-        self._fd: int | None = None
+        self._reader: RawPipes | TextPipe | None = None
         # Directory fds of tracefs/instances and of our instance: everything after open() goes
         # through them, so that a tracefs unmounted (lazily) while we read neither blinds the
         # agent nor strands the instance, which lives on in the one tracefs superblock and
         # would show again wherever tracefs is mounted.
         self._instances_fd: int | None = None
         self._instance_fd: int | None = None
-        self._pending = b""
-        self._raw: RawPipes | None = None
         self._ready: deque[Snapshot] = deque()
         self._filter = f"common_pid == {kdamond_pid}"
         self._last_check = 0.0
@@ -284,9 +280,10 @@ class AggregatedEventStream:
             # wakes a reader of trace_pipe_raw only once the buffer is `buffer_percent` full
             # (50 by default): 0 wakes it at the first event, as trace_pipe does.
             _write_at(fd, "buffer_percent", "0")
-            self._raw = RawPipes(fd, layouts)
-            return
-        self._fd = os.open("trace_pipe", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            self._reader = RawPipes(fd, layouts)
+        else:
+            self._reader = TextPipe(fd, follow_tuning=self.follows_tuning,
+                                    on_line=self._on_line)
 
     def _close_dir_fds(self) -> None:
         for fd in (self._instance_fd, self._instances_fd):
@@ -296,13 +293,10 @@ class AggregatedEventStream:
 
     def close(self) -> None:
         """Remove the instance. Idempotent; safe from any exit path."""
-        if self._fd is not None:
-            # rmdir fails with EBUSY while trace_pipe is open.
-            os.close(self._fd)
-            self._fd = None
-        if self._raw is not None:
-            self._raw.close()
-            self._raw = None
+        if self._reader is not None:
+            # rmdir fails with EBUSY while a file of the instance is open.
+            self._reader.close()
+            self._reader = None
         if self._instance_fd is not None:
             os.close(self._instance_fd)
             self._instance_fd = None
@@ -349,9 +343,9 @@ class AggregatedEventStream:
         (`kdamond_alive()` tells whether it is still there). Raises EventStreamLost if someone
         disabled our event, changed its filter or stopped tracing in our instance.
         """
-        if self._fd is None and self._raw is None:
+        if self._reader is None:
             raise RuntimeError("AggregatedEventStream is not open")
-        fds = [self._fd] if self._fd is not None else self._raw.fds  # type: ignore[union-attr]
+        fds = self._reader.fds
         deadline = time.monotonic() + timeout_s
         while not self._ready:
             remaining = deadline - time.monotonic()
@@ -385,74 +379,22 @@ class AggregatedEventStream:
         return newer[-1]
 
     def _drain(self) -> bool:
-        """Read what trace_pipe has (a page per read at most); False if nothing was there."""
-        if self._raw is not None:
-            return self._drain_raw(self._raw)
-        got = False
-        while True:
-            try:
-                chunk = os.read(self._fd, _READ_BYTES)  # type: ignore[arg-type]
-            except BlockingIOError:
-                break
-            except OSError as e:
-                raise EventStreamLost(
-                    f"reading {self.instance}/trace_pipe failed ({os.strerror(e.errno)}): the "
-                    "DAMON event stream is gone"
-                ) from e
-            if not chunk:
-                break
-            got = True
-            self._feed_bytes(chunk)
-        return got
-
-    def _drain_raw(self, raw: RawPipes) -> bool:
+        """Read what the instance holds now; False if nothing was there."""
+        reader = self._reader
+        assert reader is not None
         try:
-            read = raw.read()
+            got = reader.read(self.assembler)
         except OSError as e:
             raise EventStreamLost(
-                f"reading {self.instance}/per_cpu/*/trace_pipe_raw failed "
-                f"({os.strerror(e.errno or 0)}): the DAMON event stream is gone"
+                f"reading {self.instance}/{reader.files} failed ({os.strerror(e.errno or 0)}): "
+                "the DAMON event stream is gone"
             ) from e
-        if read is None:
+        if got is None:
             return False
-        self._feed_raw(read)
+        snaps, lost = got
+        self.lost_events += lost
+        self._ready.extend(snaps)
         return True
-
-    def _feed_raw(self, read: RawRead) -> None:
-        if read.missed:
-            # Like trace_pipe's "[LOST n EVENTS]" line; the kernel does not always say how many
-            self.lost_events += max(1, read.missed_count)
-            self.assembler.reset()
-        events = read.events
-        for at_s, sample_us in read.tunes:
-            # Events before a retune carry the old intervals, those after it the new ones.
-            cut = int(np.searchsorted(events["timestamp_s"], at_s, side="right"))
-            self._ready.extend(self.assembler.feed_array(events[:cut]))
-            self.assembler.retune(sample_us)
-            events = events[cut:]
-        self._ready.extend(self.assembler.feed_array(events))
-
-    def _feed_bytes(self, chunk: bytes) -> None:
-        data = self._pending + chunk
-        cut = data.rfind(b"\n") + 1
-        self._pending = data[cut:]
-        text = data[:cut].decode(errors="replace")
-        if self._on_line is None and (rows := parse_event_rows(text)) is not None:
-            self._ready.extend(self.assembler.feed_many(rows))
-            return
-        for line in text.splitlines():
-            if self._on_line is not None:
-                self._on_line(line)
-            event = parse_event_line(line)
-            if event is not None:
-                snap = self.assembler.feed(event)
-                if snap is not None:
-                    self._ready.append(snap)
-            elif self.follows_tuning and (sample_us := parse_tune_line(line)) is not None:
-                self.assembler.retune(sample_us)
-            elif (n := lost_events(line)) > 0:
-                self.lost_events += n
-                self.assembler.reset()
 
     def _check_instance_every(self, period_s: float) -> None:
         now = time.monotonic()
@@ -490,7 +432,7 @@ class AggregatedEventStream:
     def reads_binary(self) -> bool:
         """Whether the events come as per-CPU trace_pipe_raw pages (else trace_pipe text:
         with `on_line`, or where tracefs describes layouts this reader does not know)."""
-        return self._raw is not None
+        return isinstance(self._reader, RawPipes)
 
     def kdamond_alive(self) -> bool:
         """Whether the followed kdamond thread still exists."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from damon_hp.numpy_lean import np
 
+from .assembler import SnapshotAssembler
 from .event_pages import (
     AGGREGATED_FIELDS,
     EVENT_DTYPE,
@@ -31,6 +32,7 @@ from .event_pages import (
     page_layout,
     record_layout,
 )
+from .model import Snapshot
 
 _MAX_PAGES_PER_READ = 4096  # a bound on one drain: 16 MiB of 4 KiB pages per CPU
 
@@ -69,7 +71,11 @@ class RawRead:
 
 
 class RawPipes:
-    """The open `trace_pipe_raw` files of one instance, one per CPU."""
+    """The open `trace_pipe_raw` files of one instance, one per CPU. `read(assembler)`: the
+    snapshots that what the buffers hold now completes, and the events the kernel said it
+    lost; None if they held nothing (text_reader.TextPipe answers alike)."""
+
+    files = "per_cpu/cpu*/trace_pipe_raw"
 
     def __init__(self, instance_fd: int, layouts: RawLayouts) -> None:
         self.layouts = layouts
@@ -96,7 +102,25 @@ class RawPipes:
             os.close(fd)
         self.fds = []
 
-    def read(self) -> RawRead | None:
+    def read(self, assembler: SnapshotAssembler) -> tuple[list[Snapshot], int] | None:
+        got = self.read_events()
+        if got is None:
+            return None
+        lost = 0
+        if got.missed:
+            # Like trace_pipe's "[LOST n EVENTS]"; the kernel does not always say how many
+            lost = max(1, got.missed_count)
+            assembler.reset()
+        snaps, events = [], got.events
+        for at_s, sample_us in got.tunes:
+            # Events before a retune carry the old intervals, those after it the new ones.
+            cut = int(np.searchsorted(events["timestamp_s"], at_s, side="right"))
+            snaps += assembler.feed_array(events[:cut])
+            assembler.retune(sample_us)
+            events = events[cut:]
+        return snaps + assembler.feed_array(events), lost
+
+    def read_events(self) -> RawRead | None:
         """Everything the CPUs' buffers hold now, or None if they held nothing. OSError
         passes up (the instance is gone)."""
         events, tunes, missed, missed_count = [], [], False, 0
