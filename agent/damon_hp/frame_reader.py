@@ -34,10 +34,10 @@ from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES, AddrRange, merge_adjace
 
 # Re-read every frame at least this often even when nothing says one moved: a bound on how long
 # a move no signal below covers (another process writing into the target's copy-on-write
-# pages, userfaultfd moves) can mislead the reverse map. Each such read that finds every frame
+# pages, userfaultfd moves) can mislead the reverse map. Each full read that finds every frame
 # where the kept entries say doubles the period, up to FULL_READ_MAX_S; one that finds any
-# other sets it back. A 4 GiB target's full read costs 40-70 ms here: every 30 s it was half
-# of a steady run's monitoring CPU (2026-11-27).
+# other while no counter had moved sets it back. A 4 GiB target's full read costs 40-70 ms
+# here: every 30 s it was half of a steady run's monitoring CPU (2026-11-27).
 FULL_READ_EVERY_S = 30.0
 FULL_READ_MAX_S = 120.0
 
@@ -158,11 +158,17 @@ class FrameReader:
             os.close(fd)
         if full:
             self._full_at = now
-            # Only a read made for the period alone tests what no counter shows: one forced by
-            # the counters finds what they announced.
-            periodic = due and moves is not None and moves == self._moves and churn == self._churn
-            self.full_read_every_s = (min(2 * self.full_read_every_s, FULL_READ_MAX_S)
-                                      if periodic and as_kept else FULL_READ_EVERY_S)
+            # A full read that finds every entry as kept says nothing moved, announced or not:
+            # the period doubles. One that finds a change sets it back only if no counter had
+            # announced one (then something moved that no counter shows); with counters moved
+            # the change may be theirs, so the period stays. Resetting it whenever the counters
+            # had moved kept it at 30 s for good while we collapse: the machine-wide counters
+            # move at almost every aggregation then (2026-11-27).
+            quiet = moves is not None and moves == self._moves and churn == self._churn
+            if as_kept:
+                self.full_read_every_s = min(2 * self.full_read_every_s, FULL_READ_MAX_S)
+            elif due and quiet:
+                self.full_read_every_s = FULL_READ_EVERY_S
         self._moves, self._churn, self._ranges, self._wanted = moves, churn, fresh, wanted
         self._scanned = present is not None
         return self._frames()
