@@ -259,6 +259,42 @@ def test_a_full_read_that_finds_the_kept_frames_doubles_the_period_though_counte
         pytest.fail(f"the period never doubled: {seen}")
 
 
+def test_a_full_read_after_patches_finds_the_patched_entries_as_kept(child):
+    """A collapse makes the next read patch the windows it changed, which cuts the range's
+    runs into pieces; the next full read makes one run per present stretch. It must still find
+    the entries as kept (and keep extents equal to ones made anew), so the period doubles."""
+    from damon_hp.frame_reader import FULL_READ_EVERY_S
+    from damon_hp.frames import extents_of
+
+    proc, layout = child
+    pid = layout["pid"]
+    now = [0.0]
+    reader = FrameReader(pid, eager=False, clock=lambda: now[0])
+    check_read(reader, pid)
+    windows = iter(range(layout["start"], layout["end"] - HUGE + 1, HUGE))
+    seen = []
+    for _ in range(4):  # frames moving elsewhere in the child meanwhile: try again
+        assert madvise(proc, next(windows), HUGE, MADV_COLLAPSE) == "ok"
+        patched = reader.windows_read
+        check_read(reader, pid)
+        assert reader.windows_read > patched, "the collapse was not patched in"
+        assert any(len(runs) > 1 for _, runs, _ in reader._ranges.values())
+        reader.full_read_every_s = FULL_READ_EVERY_S
+        now[0] += FULL_READ_EVERY_S
+        full = reader.ranges_read
+        check_read(reader, pid)
+        assert reader.ranges_read > full, "a due full read was skipped"
+        for _, runs, ext in reader._ranges.values():
+            again = extents_of(runs)
+            assert ext is not None and all(
+                (getattr(ext, f) == getattr(again, f)).all() for f in ("vpage", "pfn", "n"))
+        seen.append(reader.full_read_every_s)
+        if reader.full_read_every_s == 2 * FULL_READ_EVERY_S:
+            break
+    else:
+        pytest.fail(f"the full read never found the patched entries as kept: {seen}")
+
+
 def test_a_round_reads_the_machine_counters_once():
     """damon-hpd's round observes every process before it acts on any: the machine's counters
     are read once for all of them, and again for every read outside a round."""
