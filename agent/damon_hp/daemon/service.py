@@ -46,7 +46,7 @@ from typing import Any
 
 from damon_hp import actuate, policy, procfs, report, stagecpu, status_records
 from damon_hp.daemon import budget as budget_mod
-from damon_hp.daemon import reporting, selection
+from damon_hp.daemon import heap, reporting, selection
 from damon_hp.daemon.config import DaemonConfig, load_config
 from damon_hp.daemon.managed import Managed
 from damon_hp.daemon.reporting import log
@@ -219,6 +219,8 @@ class Service:
             if phys is not None or virt:
                 last_snapshot = now
                 self.round(phys, virt)
+                # what the round freed goes back to the kernel (~1 ms; heap.py says why)
+                heap.release_free_heap()
                 status_due = True
             elif now - last_snapshot > 2 * aggr_s + 2 and self._monitoring_lost():
                 log(f"{self.source.kdamond_label} stopped: nothing left to read")
