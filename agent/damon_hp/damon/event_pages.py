@@ -136,7 +136,7 @@ def decode_pages(pages: list[bytes], layout: PageLayout, aggregated: RecordLayou
     """The records of `trace_pipe_raw` pages of one CPU, in order (see the module's
     docstring).
 
-    Python walks the record headers only (~0.15 us a record); the events' fields are then
+    Python walks the record headers only (~0.45 us a record); the events' fields are then
     gathered with numpy at once, for every page of the read: per page, numpy's call overhead
     cost as much as parsing the text."""
     blob = b"".join(page[:len(page) // 4 * 4] for page in pages)
@@ -174,6 +174,7 @@ def decode_pages(pages: list[bytes], layout: PageLayout, aggregated: RecordLayou
                 if data + nwords > stop:
                     break  # a record the page's data does not hold whole
                 ts += header >> 5
+                # common_type: the first u16 of every event (struct trace_entry)
                 kind = words[data] & 0xFFFF if nwords else -2
                 if kind == agg_id and nwords * 4 >= aggregated.size:
                     agg_at.append(data)
@@ -206,7 +207,7 @@ def decode_pages(pages: list[bytes], layout: PageLayout, aggregated: RecordLayou
 
 
 def _records(blob: bytes, at: list[int], layout: RecordLayout) -> np.ndarray:
-    """The records whose data start at the word indexes `at`, as `layout.dtype`."""
+    """The records whose data start at the word indexes `at`, as `layout.dtype_words`."""
     nwords = -(-layout.size // 4)
     words = np.frombuffer(blob, dtype="<u4")
     picked = words[np.asarray(at, dtype=np.int64)[:, None] + np.arange(nwords)]

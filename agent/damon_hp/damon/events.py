@@ -278,8 +278,12 @@ class AggregatedEventStream:
         if layouts is not None:
             # Binary pages: no text for the kernel to print and Python to parse back. Poll
             # wakes a reader of trace_pipe_raw only once the buffer is `buffer_percent` full
-            # (50 by default): 0 wakes it at the first event, as trace_pipe does.
-            _write_at(fd, "buffer_percent", "0")
+            # (50 by default): 0 wakes it at the first event, as trace_pipe does. Before 5.1
+            # there is no such file, and a reader woke at any data.
+            try:
+                _write_at(fd, "buffer_percent", "0")
+            except FileNotFoundError:
+                pass
             self._reader = RawPipes(fd, layouts)
         else:
             self._reader = TextPipe(fd, follow_tuning=self.follows_tuning,
