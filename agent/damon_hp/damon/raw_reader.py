@@ -24,8 +24,8 @@ from damon_hp.numpy_lean import np
 from .assembler import SnapshotAssembler
 from .event_pages import (
     AGGREGATED_FIELDS,
-    EVENT_DTYPE,
     TUNE_FIELDS,
+    Decoded,
     PageLayout,
     RecordLayout,
     decode_pages,
@@ -57,17 +57,6 @@ def raw_layouts(tracefs: Path, event_dir: str, tune_dir: str | None) -> RawLayou
     if page is None or agg is None:
         return None
     return RawLayouts(page, agg, tune)
-
-
-@dataclass
-class RawRead:
-    """One read of every CPU: events sorted by time (EVENT_DTYPE), tune events likewise,
-    and what the kernel said it dropped before them."""
-
-    events: np.ndarray
-    tunes: list[tuple[float, int]]
-    missed: bool
-    missed_count: int
 
 
 class RawPipes:
@@ -120,9 +109,9 @@ class RawPipes:
             events = events[cut:]
         return snaps + assembler.feed_array(events), lost
 
-    def read_events(self) -> RawRead | None:
-        """Everything the CPUs' buffers hold now, or None if they held nothing. OSError
-        passes up (the instance is gone)."""
+    def read_events(self) -> Decoded | None:
+        """Everything the CPUs' buffers hold now, merged by time, or None if they held
+        nothing. OSError passes up (the instance is gone)."""
         events, tunes, missed, missed_count = [], [], False, 0
         for fd in self.fds:
             pages = self._pages(fd)
@@ -139,8 +128,7 @@ class RawPipes:
         merged = events[0] if len(events) == 1 else np.concatenate(events)
         if len(events) > 1:
             merged = merged[np.argsort(merged["timestamp_s"], kind="stable")]
-        return RawRead(merged if len(merged) else np.empty(0, EVENT_DTYPE), sorted(tunes),
-                       missed, missed_count)
+        return Decoded(merged, sorted(tunes), missed, missed_count)
 
     def _pages(self, fd: int) -> list[bytes]:
         pages = []
