@@ -32,12 +32,14 @@ from damon_hp.numpy_lean import np
 from damon_hp.procfs import PAGE_IS_HUGE, open_pagemap
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES, AddrRange, merge_adjacent
 
-# Re-read every frame at least this often even when nothing says one moved: a bound on how long
-# a move no signal below covers (another process writing into the target's copy-on-write
-# pages, userfaultfd moves) can mislead the reverse map. Each full read that finds every frame
-# where the kept entries say doubles the period, up to FULL_READ_MAX_S; one that finds any
-# other while no counter had moved sets it back. A 4 GiB target's full read costs 40-70 ms
-# here: every 30 s it was half of a steady run's monitoring CPU (2026-11-27).
+# Re-read every frame of a range at least this often even when nothing says one moved: a bound
+# on how long a move no signal below covers (another process writing into the target's
+# copy-on-write pages, userfaultfd moves) can mislead the reverse map. Each range has its own
+# period: a full read that finds its frames where the kept entries say doubles it, up to
+# FULL_READ_MAX_S; one that finds any other while no counter had moved sets it back. A 4 GiB
+# target's full read costs 40-70 ms here: every 30 s it was half of a steady run's monitoring
+# CPU, and one period for all ranges held it there while any one of them (a growing heap)
+# changed between full reads (2026-11-27).
 FULL_READ_EVERY_S = 30.0
 FULL_READ_MAX_S = 120.0
 
@@ -75,9 +77,10 @@ class FrameReader:
     window whose frames moved and that reads idle through its old frames is only late: it is
     read again at the next full read.
     The counters are read before the page tables, so a move during a read shows as a change at
-    the next one. Every `full_read_every_s` (FULL_READ_EVERY_S, growing while nothing is
-    found that no counter showed), and without PAGEMAP_SCAN always, all is read; a range whose
-    entries read as before keeps its extents.
+    the next one. Each range is read whole once its own full-read period (FULL_READ_EVERY_S,
+    growing while its reads find nothing that no counter showed) has passed, and without
+    PAGEMAP_SCAN every range always is; a range whose entries read as before keeps its
+    extents.
     """
 
     def __init__(self, pid: int, *, eager: bool = True,
@@ -90,8 +93,8 @@ class FrameReader:
         self._scanned = False  # the last read had PAGEMAP_SCAN's stretches
         self._ranges: dict[tuple[int, int], tuple[tuple, list[FrameRun], Extents | None]] = {}
         self._wanted: tuple[tuple[int, int], ...] = ()
-        self._full_at = 0.0
-        self.full_read_every_s = FULL_READ_EVERY_S
+        self._full: dict[tuple[int, int], tuple[float, float]] = {}
+        """range -> (its last full read, its full-read period)"""
         self.unverified: set[int] = set()
         """2 MiB window starts whose entries were kept although frames may have moved since"""
         self.ranges_read = 0
@@ -104,7 +107,8 @@ class FrameReader:
         wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
         moves, churn = page_counters(self.pid, attributed=not self.eager)
         now = self._clock()
-        due = now - self._full_at >= self.full_read_every_s
+        due = {rng for rng in wanted
+               if rng not in self._full or now - self._full[rng][0] >= self._full[rng][1]}
         if (not due and moves is not None and moves == self._moves and churn == self._churn
                 and wanted == self._wanted and self._scanned):
             # Nothing that maps, unmaps, moves or collapses a page of the target happened
@@ -117,9 +121,9 @@ class FrameReader:
         fd, path = open_pagemap(self.pid)
         try:
             present = scan_present(fd, path, wanted)
-            full = (present is None or moves is None or self._moves is None or due
+            full = (present is None or moves is None or self._moves is None
                     or (self.eager and moves != self._moves))
-            known = {} if full else self._ranges
+            known = {} if full else {r: v for r, v in self._ranges.items() if r not in due}
             if full:
                 self.unverified.clear()
             elif moves != self._moves:
@@ -129,7 +133,14 @@ class FrameReader:
                 # of what `verify` read.
                 self.unverified.update(_windows_of(known.values()) - _huge_windows(present))
             fresh: dict[tuple[int, int], tuple[tuple, list[FrameRun], Extents | None]] = {}
-            as_kept = True  # a full read found every range's entries as they were kept
+            # A full read that finds a range's entries as kept says nothing moved there,
+            # announced or not: its period doubles. One that finds a change sets it back only
+            # if no counter had announced one (then something moved that no counter shows);
+            # with counters moved the change may be theirs, so the period stays. Resetting it
+            # whenever the counters had moved kept it at 30 s for good while we collapse: the
+            # machine-wide counters move at almost every aggregation then (2026-11-27).
+            quiet = moves is not None and moves == self._moves and churn == self._churn
+            periods = {rng: self._full[rng] for rng in wanted if rng in self._full}
             for i, rng in enumerate(wanted):
                 stretches = present[i] if present is not None else None
                 old = known.get(rng)
@@ -144,35 +155,32 @@ class FrameReader:
                 else:
                     runs = read_range(fd, path, *rng, stretches)
                     prev = self._ranges.get(rng)
-                    if prev is not None and prev[2] is not None and _same_entries(prev[1], runs):
-                        # A full read that finds every entry as it was keeps the extents (and
-                        # their frame order): rebuilding them cost ~25 ms per 4 GiB. Extents
-                        # end at every absent page and 2 MiB boundary, where patches cut runs.
-                        fresh[rng] = (stretches, runs, prev[2])
-                    else:
-                        fresh[rng] = (stretches, runs, None)
-                        as_kept = False
+                    kept = (prev is not None and prev[2] is not None
+                            and _same_entries(prev[1], runs))
+                    # A full read that finds every entry as it was keeps the extents (and
+                    # their frame order): rebuilding them cost ~25 ms per 4 GiB. Extents end
+                    # at every absent page and 2 MiB boundary, where patches cut runs.
+                    fresh[rng] = (stretches, runs, prev[2] if kept else None)
+                    every = periods.get(rng, (now, FULL_READ_EVERY_S))[1]
+                    if kept:
+                        every = min(2 * every, FULL_READ_MAX_S)
+                    elif rng in due and quiet:
+                        every = FULL_READ_EVERY_S
+                    periods[rng] = (now, every)
                     self.unverified.difference_update(range(
                         rng[0] - rng[0] % HUGE_PAGE_BYTES, rng[1], HUGE_PAGE_BYTES))
                     self.ranges_read += 1
         finally:
             os.close(fd)
-        if full:
-            self._full_at = now
-            # A full read that finds every entry as kept says nothing moved, announced or not:
-            # the period doubles. One that finds a change sets it back only if no counter had
-            # announced one (then something moved that no counter shows); with counters moved
-            # the change may be theirs, so the period stays. Resetting it whenever the counters
-            # had moved kept it at 30 s for good while we collapse: the machine-wide counters
-            # move at almost every aggregation then (2026-11-27).
-            quiet = moves is not None and moves == self._moves and churn == self._churn
-            if as_kept:
-                self.full_read_every_s = min(2 * self.full_read_every_s, FULL_READ_MAX_S)
-            elif due and quiet:
-                self.full_read_every_s = FULL_READ_EVERY_S
+        self._full = periods
         self._moves, self._churn, self._ranges, self._wanted = moves, churn, fresh, wanted
         self._scanned = present is not None
         return self._frames()
+
+    @property
+    def full_read_periods(self) -> dict[tuple[int, int], float]:
+        """Each range's full-read period now, in seconds."""
+        return {rng: every for rng, (_, every) in self._full.items()}
 
     def verify(self, windows: Iterable[int]) -> PageFrames | None:
         """Re-read the entries of those `windows` (2 MiB starts) that are unverified; the

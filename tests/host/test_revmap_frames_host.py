@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from damon_hp.ranges import AddrRange, merge_adjacent
 HERE = Path(__file__).resolve().parent
 HUGE = 2 << 20
 MADV_DONTNEED = 4
+MADV_NOHUGEPAGE = 15
 MADV_COLLAPSE = 25
 
 
@@ -39,6 +41,7 @@ def start_child(*args: str):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         layout = json.loads(proc.stdout.readline())
+        blocked(proc.pid)
         yield proc, layout
     finally:
         proc.stdin.close()
@@ -55,10 +58,28 @@ def spare_child():
     yield from start_child("spare")
 
 
-def madvise(proc, start: int, length: int, advice: int) -> str:
-    proc.stdin.write(f"madvise {start} {length} {advice}\n")
+def blocked(pid: int) -> None:
+    """Wait until the child sleeps (in its read of stdin): after printing an answer it still
+    runs its loop back to that read, and the first time it faults in heap pages for its stdin
+    buffer. A read of all its ranges racing that saw one page more or less (1 failure in 15)."""
+    for _ in range(5000):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"S":
+                return
+        time.sleep(0.001)
+    raise AssertionError(f"the child {pid} never went back to waiting for a command")
+
+
+def command(proc, line: str) -> str:
+    proc.stdin.write(line + "\n")
     proc.stdin.flush()
-    return proc.stdout.readline().strip()
+    answer = proc.stdout.readline().strip()
+    blocked(proc.pid)
+    return answer
+
+
+def madvise(proc, start: int, length: int, advice: int) -> str:
+    return command(proc, f"madvise {start} {length} {advice}")
 
 
 def pfns(frames) -> dict[int, int]:
@@ -174,58 +195,96 @@ def test_a_lazy_observer_reads_a_moved_window_again_once_it_reads_hot(spare_chil
         files.close()
 
 
+def holding(pid: int, addr: int) -> tuple[int, int]:
+    """The range (mapping) of ranges_of(pid) that holds `addr`."""
+    return next((lo, hi) for lo, hi in ranges_of(pid) if lo <= addr < hi)
+
+
 def refault(proc, start: int, length: int) -> str:
-    proc.stdin.write(f"refault {start} {length}\n")
-    proc.stdin.flush()
-    return proc.stdout.readline().strip()
+    return command(proc, f"refault {start} {length}")
 
 
 def test_the_full_read_period_doubles_while_full_reads_find_the_kept_frames(child):
-    """The bound on unsignalled moves: every full read that finds what was kept doubles the
-    period up to FULL_READ_MAX_S, one that finds a frame moved without any counter showing it
-    sets it back (a move of that kind is emulated by altering a kept entry)."""
+    """The bound on unsignalled moves: every full read that finds a range's kept frames doubles
+    its period up to FULL_READ_MAX_S, one that finds a frame moved without any counter showing
+    it sets it back (a move of that kind is emulated by altering a kept entry)."""
     from damon_hp.frame_reader import FULL_READ_EVERY_S, FULL_READ_MAX_S
 
     _, layout = child
     pid = layout["pid"]
+    buffer = holding(pid, layout["start"])
     now = [0.0]
     reader = FrameReader(pid, clock=lambda: now[0])
     reader.read(ranges_of(pid))
+    assert reader.full_read_periods[buffer] == FULL_READ_EVERY_S
     seen = []
     for _ in range(12):  # a collapse or migration elsewhere on the machine sets it back: retry
-        now[0] += reader.full_read_every_s
+        now[0] += max(reader.full_read_periods.values())
         before = reader.ranges_read
         reader.read(ranges_of(pid))
         assert reader.ranges_read > before, "a due full read was skipped"
-        seen.append(reader.full_read_every_s)
-        if reader.full_read_every_s == FULL_READ_MAX_S:
+        seen.append(reader.full_read_periods[buffer])
+        if seen[-1] == FULL_READ_MAX_S:
             break
     else:
         pytest.fail(f"the period never reached {FULL_READ_MAX_S} s: {seen}")
     assert set(seen) <= {FULL_READ_EVERY_S, 2 * FULL_READ_EVERY_S, FULL_READ_MAX_S}
-    # Not due: no full read.
+    # Not due: the buffer is not read whole (other ranges may be, at their own periods).
     now[0] += FULL_READ_MAX_S / 2
-    before = reader.ranges_read
     reader.read(ranges_of(pid))
-    assert reader.ranges_read == before or reader.full_read_every_s == FULL_READ_EVERY_S
-    # A kept entry that no longer says where the page is: found at the next full read, which
-    # sets the period back unless a counter had moved meanwhile (then the change may be the
-    # one it announced, and the period stays): retry.
+    assert reader.full_read_periods[buffer] in (FULL_READ_MAX_S, FULL_READ_EVERY_S)
+    # A kept entry that no longer says where the page is: found at the buffer's next full read,
+    # which sets its period back unless a counter had moved meanwhile (then the change may be
+    # the one it announced, and the period stays): retry.
     periods = []
     for _ in range(6):
-        rng = next(r for r in reader._ranges if reader._ranges[r][1])
-        run = reader._ranges[rng][1][0]
+        run = reader._ranges[buffer][1][0]
         run.entries[0] ^= 1
-        period = reader.full_read_every_s
+        period = reader.full_read_periods[buffer]
         now[0] += period
         got = reader.read(ranges_of(pid))
         assert pfns(got) == pfns(read_page_frames(pid, ranges_of(pid)))
-        assert reader.full_read_every_s in (FULL_READ_EVERY_S, period)
-        periods.append(reader.full_read_every_s)
-        if reader.full_read_every_s == FULL_READ_EVERY_S:
+        assert reader.full_read_periods[buffer] in (FULL_READ_EVERY_S, period)
+        periods.append(reader.full_read_periods[buffer])
+        if periods[-1] == FULL_READ_EVERY_S:
             break
     else:
         pytest.fail(f"an unannounced change never set the period back: {periods}")
+
+
+def test_a_range_that_changes_between_full_reads_holds_only_its_own_period(spare_child):
+    """Each range has its own full-read period: one whose frames the target moves between full
+    reads (a fault announces it, so its period stays) no longer holds the others at 30 s. One
+    period for all kept a 4 GiB run's full reads at every 30 s while its heap grew."""
+    from damon_hp.frame_reader import FULL_READ_EVERY_S
+
+    proc, layout = spare_child
+    pid = layout["pid"]
+    mid = (layout["start"] + layout["end"]) // 2
+    # MADV_NOHUGEPAGE on the upper half splits the buffer into two ranges (two VMAs).
+    assert madvise(proc, mid, layout["end"] - mid, MADV_NOHUGEPAGE) == "ok"
+    lower, upper = holding(pid, layout["start"]), holding(pid, mid)
+    now = [0.0]
+    reader = FrameReader(pid, eager=False, clock=lambda: now[0])
+    check_read(reader, pid)
+    assert {lower, upper} <= reader.full_read_periods.keys()
+    seen = []
+    for k in range(6):  # the upper half's frames moving meanwhile (compaction): try again
+        window = layout["start"] + k * 65536
+        before = pfns(read_page_frames(pid, [lower]))
+        assert refault(proc, window, 65536) == "ok"
+        after = pfns(read_page_frames(pid, [lower]))
+        now[0] += max(reader.full_read_periods.values())
+        check_read(reader, pid)
+        periods = reader.full_read_periods
+        if all(after[a] == before[a] for a in range(window, window + 65536, 4096)):
+            continue  # the refault got its old frames back: nothing moved in the lower half
+        assert periods[lower] == FULL_READ_EVERY_S, "a range whose frames moved was trusted longer"
+        seen.append(periods[upper])
+        if periods[upper] > FULL_READ_EVERY_S:
+            break
+    else:
+        pytest.fail(f"the unchanged range's period never grew beside a changing one: {seen}")
 
 
 def test_a_full_read_that_finds_the_kept_frames_doubles_the_period_though_counters_moved(
@@ -238,13 +297,14 @@ def test_a_full_read_that_finds_the_kept_frames_doubles_the_period_though_counte
 
     (_, layout), (spare, other) = child, spare_child
     pid = layout["pid"]
-    now = [0.0]
-    reader = FrameReader(pid, clock=lambda: now[0])
-    reader.read(ranges_of(pid))
+    buffer = holding(pid, layout["start"])
     windows = iter(range(other["start"], other["end"] - HUGE + 1, HUGE))
     seen = []
+    now = [0.0]
     for _ in range(6):  # this process's own frames moving meanwhile makes a try inconclusive
-        reader.full_read_every_s = FULL_READ_EVERY_S
+        now[0] = 0.0
+        reader = FrameReader(pid, clock=lambda: now[0])
+        reader.read(ranges_of(pid))
         churn = reader._churn
         assert madvise(spare, next(windows), HUGE, MADV_COLLAPSE) == "ok"
         now[0] += FULL_READ_EVERY_S
@@ -252,8 +312,8 @@ def test_a_full_read_that_finds_the_kept_frames_doubles_the_period_though_counte
         reader.read(ranges_of(pid))
         assert reader.ranges_read > before, "a due full read was skipped"
         assert reader._churn != churn, "the collapse elsewhere moved no counter"
-        seen.append(reader.full_read_every_s)
-        if reader.full_read_every_s == 2 * FULL_READ_EVERY_S:
+        seen.append(reader.full_read_periods[buffer])
+        if seen[-1] == 2 * FULL_READ_EVERY_S:
             break
     else:
         pytest.fail(f"the period never doubled: {seen}")
@@ -268,18 +328,19 @@ def test_a_full_read_after_patches_finds_the_patched_entries_as_kept(child):
 
     proc, layout = child
     pid = layout["pid"]
-    now = [0.0]
-    reader = FrameReader(pid, eager=False, clock=lambda: now[0])
-    check_read(reader, pid)
+    buffer = holding(pid, layout["start"])
     windows = iter(range(layout["start"], layout["end"] - HUGE + 1, HUGE))
     seen = []
+    now = [0.0]
     for _ in range(4):  # frames moving elsewhere in the child meanwhile: try again
+        now[0] = 0.0
+        reader = FrameReader(pid, eager=False, clock=lambda: now[0])
+        check_read(reader, pid)
         assert madvise(proc, next(windows), HUGE, MADV_COLLAPSE) == "ok"
         patched = reader.windows_read
         check_read(reader, pid)
         assert reader.windows_read > patched, "the collapse was not patched in"
-        assert any(len(runs) > 1 for _, runs, _ in reader._ranges.values())
-        reader.full_read_every_s = FULL_READ_EVERY_S
+        assert len(reader._ranges[buffer][1]) > 1
         now[0] += FULL_READ_EVERY_S
         full = reader.ranges_read
         check_read(reader, pid)
@@ -288,8 +349,8 @@ def test_a_full_read_after_patches_finds_the_patched_entries_as_kept(child):
             again = extents_of(runs)
             assert ext is not None and all(
                 (getattr(ext, f) == getattr(again, f)).all() for f in ("vpage", "pfn", "n"))
-        seen.append(reader.full_read_every_s)
-        if reader.full_read_every_s == 2 * FULL_READ_EVERY_S:
+        seen.append(reader.full_read_periods[buffer])
+        if seen[-1] == 2 * FULL_READ_EVERY_S:
             break
     else:
         pytest.fail(f"the full read never found the patched entries as kept: {seen}")
