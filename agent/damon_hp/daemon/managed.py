@@ -9,9 +9,13 @@ from typing import Any
 
 from damon_hp import actuate, frame_moves, policy, procfs
 from damon_hp.daemon import selection
+from damon_hp.daemon.reporting import log
 from damon_hp.damon.model import Snapshot
 from damon_hp.pipeline import ProcessPipeline
 from damon_hp.ranges import AddrRange
+
+THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
+                       "in /proc/PID/status): the kernel refuses every collapse of its memory")
 
 
 class Managed:
@@ -81,3 +85,19 @@ class Managed:
         self.files.close()
         self.target.close()
         frame_moves.forget_pid(self.pid)
+
+    def skip_if_thp_disabled(self, status: procfs.Status) -> bool:
+        """Skip a process that turned THP off for itself; say so once, and once when it ends."""
+        if procfs.thp_disabled_by_process(status):
+            if self.skipped is None:
+                self.skipped = THP_DISABLED_REASON
+                log(f"skipping pid {self.pid} (rule {self.rule}): {THP_DISABLED_REASON}; no "
+                    "collapse is tried until it allows THP again. To have it managed, start it "
+                    "from a process that has not disabled THP and without the program's own "
+                    "opt-out, or have it use PR_THP_DISABLE_EXCEPT_ADVISED (Linux 6.18+), which "
+                    "allows collapses")
+            return True
+        if self.skipped is not None:
+            self.skipped = None
+            log(f"managing pid {self.pid} (rule {self.rule}) again: it allows THP now")
+        return False

@@ -7,17 +7,11 @@ The stream (config `source`; auto picks the first that works here):
 - paddr / passive: the machine-wide physical stream (our paddr kdamond, or a foreign one read
   passively); each round has one whole aggregation, reverse-mapped onto every process.
 
-Each round:
-
-    for each managed process:  pipeline.look (its maps, status, page frames)
-    physical sources:          revmap.reverse_map_many (one pass over every process's frames)
-    for each managed process:  pipeline.complete -> pipeline.decide (no budget of its own)
-    budget.admit               candidates of all processes, best first, under the budgets
-    for each managed process:  pipeline.act(admitted)
-
-The per-process pipeline (pipeline.py) is the one `run` and `attach` use: the reverse map with
-its frame cache, first-touch withholding, the policy, the actuator. What the daemon tells
-(journal lines, status records, the summary, --json) is reporting.py's.
+Each round (rounds.py) looks at every managed process, reverse-maps a physical aggregation
+onto all of them in one pass, lets each decide, admits the candidates of all under the
+budgets, then acts. The per-process pipeline (pipeline.py) is the one `run` and `attach` use:
+the reverse map with its frame cache, first-touch withholding, the policy, the actuator. What
+the daemon tells (journal lines, status records, the summary, --json) is reporting.py's.
 
 Between rounds: a managed process that exited is let go at once (its pidfd is polled every loop
 iteration), /proc is rescanned every `scan_every_s` (new matches are managed, processes no
@@ -45,26 +39,21 @@ import time
 from typing import Any
 
 from damon_hp import actuate, policy, procfs, report, stagecpu, status_records
-from damon_hp.daemon import budget as budget_mod
-from damon_hp.daemon import heap, reporting, selection
+from damon_hp.daemon import heap, reporting, rounds, selection
 from damon_hp.daemon.config import DaemonConfig, load_config
 from damon_hp.daemon.managed import Managed
 from damon_hp.daemon.reporting import log
 from damon_hp.daemon.vaddr import MultiTargetSource
-from damon_hp.damon import ownership, placement, revmap, sources
+from damon_hp.damon import ownership, placement, sources
 from damon_hp.damon.events import EventStreamLost
 from damon_hp.damon.model import Snapshot
 from damon_hp.errors import DamonHpError, EnvironmentProblem
-from damon_hp.frame_moves import shared_machine_counters
 from damon_hp.options import MonitorOptions
-from damon_hp.pipeline import Look, params_for_source
+from damon_hp.pipeline import params_for_source
 
 SCAN = "scan"      # the daemon's stages beside the pipeline's (stagecpu.py): /proc rescans,
 STATUS = "status"  # and status records, journal summaries, --json
 READ_TIMEOUT_S = 0.5  # how long one wait for the stream blocks: signals are seen this soon
-MAX_ROUNDS_KEPT = 200
-THP_DISABLED_REASON = ("it turned THP off for itself (prctl PR_SET_THP_DISABLE, THP_enabled: 0 "
-                       "in /proc/PID/status): the kernel refuses every collapse of its memory")
 
 
 def mem_total_bytes() -> int:
@@ -169,7 +158,7 @@ class Service:
         """Let go of every process, close the stream (tracefs instance, our kdamond), remove
         our status records; idempotent, never raises for one part failing."""
         for pid in list(self.managed):
-            self._release(pid, "daemon stopping", quiet=True)
+            self.release(pid, "daemon stopping", quiet=True)
         src, self.source = self.source, None
         if src is not None:
             try:
@@ -218,7 +207,7 @@ class Service:
             now = time.monotonic()
             if phys is not None or virt:
                 last_snapshot = now
-                self.round(phys, virt)
+                rounds.run_round(self, phys, virt)
                 # what the round freed goes back to the kernel (~1 ms; heap.py says why)
                 heap.release_free_heap()
                 status_due = True
@@ -261,13 +250,13 @@ class Service:
         for pid, m in list(self.managed.items()):
             p = alive.get(pid)
             if m.target.exited() or p is None or p.start_ticks != m.info.start_ticks:
-                self._release(pid, "exited")
+                self.release(pid, "exited")
         self.refused &= {(p.pid, p.start_ticks) for p in procs}
         chosen = selection.select(procs, self.config)
         for pid, m in list(self.managed.items()):
             rule = chosen.get(pid)
             if rule is None:
-                self._release(pid, "no longer selected by the config")
+                self.release(pid, "no longer selected by the config")
             else:
                 m.rule = rule.name
         for pid, rule in chosen.items():
@@ -296,7 +285,7 @@ class Service:
         for fd in fds:
             poller.register(fd, select.POLLIN)
         for fd, _ in poller.poll(0):
-            self._release(fds[fd], "exited")
+            self.release(fds[fd], "exited")
 
     def _manage(self, info: selection.ProcessInfo, rule: str) -> None:
         key = (info.pid, info.start_ticks)
@@ -339,9 +328,11 @@ class Service:
         self.managed[info.pid] = m
         self.totals["managed_ever"] += 1
         log(f"managing pid {info.pid} (rule {rule}): {info.command[:120]}")
-        self._skip_if_thp_disabled(m, status)
+        m.skip_if_thp_disabled(status)
 
-    def _release(self, pid: int, why: str, quiet: bool = False) -> None:
+    def release(self, pid: int, why: str, quiet: bool = False) -> None:
+        """Let go of `pid`: its pipeline's CPU joins ours, its files close, its status record
+        goes."""
         m = self.managed.pop(pid)
         self.cpu.merge(m.pipeline.cpu.seconds)
         m.close()
@@ -367,128 +358,3 @@ class Service:
         log(f"reloaded {new.path}: {len(new.include)} rules, {len(new.exclude)} exclude rules, "
             f"budget {report.fmt_bytes(self.budget_bytes) if new.budget else 'none'}")
         self.rescan()
-
-    # -- one round -----------------------------------------------------------------------
-
-    def round(self, phys: Snapshot | None, virt: dict[int, Snapshot] | None = None) -> None:
-        """One decision round: `phys`, a machine-wide physical aggregation, or `virt`, the
-        newest virtual snapshot of each target of our vaddr kdamond (processes without one
-        this time decide nothing, and what they hold still counts against the budgets)."""
-        thp = procfs.thp_mode()
-        candidates: list[budget_mod.Candidate] = []
-        # Every process is observed before any is acted on: one read of the machine's
-        # frame-moving counters serves them all, and one reverse map.
-        with shared_machine_counters():
-            looks: dict[int, Look] = {}
-            for pid, m in list(self.managed.items()):
-                snap = phys if virt is None else virt.get(pid)
-                if snap is None:
-                    continue
-                try:
-                    looks[pid] = m.pipeline.look(snap)
-                except (procfs.ProcessGone, revmap.ProcessGone):
-                    self._release(pid, "exited")
-            mapped = self._reverse_map_all(phys, looks)
-            for pid, look in looks.items():
-                m = self.managed[pid]
-                try:
-                    decision = self._decide(m, look, mapped.get(pid), thp)
-                except (procfs.ProcessGone, revmap.ProcessGone):
-                    self._release(pid, "exited")
-                    continue
-                if decision is not None:
-                    candidates += [budget_mod.Candidate(pid, m.rule, s, decision.benefit[s])
-                                   for s in decision.promote]
-        held = {pid: m.held_bytes for pid, m in self.managed.items()}
-        held_before = sum(held.values())
-        adm = budget_mod.admit(
-            candidates, held,
-            {pid: m.rule for pid, m in self.managed.items()}, self.budget_bytes,
-            self.rule_budgets())
-        for pid, m in list(self.managed.items()):
-            if m.pending is None:
-                continue
-            snap, decision = m.pending
-            m.pending = None
-            promote = adm.admitted.get(pid, ())
-            by_budget = adm.held_by_budget.get(pid, 0)
-            by_rule = adm.held_by_rule.get(pid, 0)
-            m.held_by_budget, m.held_by_rule = by_budget, by_rule
-            decision = dataclasses.replace(
-                decision, promote=promote,
-                held_by_budget=decision.held_by_budget + by_budget + by_rule)
-            try:
-                applied = m.pipeline.act(decision, snap.taken_at_s)
-                with m.pipeline.cpu.stage(stagecpu.MEASURE):
-                    m.huge_bytes = m.measure_huge(applied)
-            except procfs.ProcessGone:
-                self._release(pid, "exited")
-                continue
-            for r in applied.collapses:
-                if r.error is None:
-                    m.collapses += 1
-                    m.collapsed_bytes += r.bytes_done
-                else:
-                    m.errors[r.error] = m.errors.get(r.error, 0) + 1
-            m.collapses += len(applied.adopted)
-            self.totals["collapses"] += sum(r.error is None for r in applied.collapses)
-            self.collapse_cpu_s += sum(r.cpu_seconds for r in applied.collapses)
-            self.totals["collapsed_bytes"] += sum(r.bytes_done for r in applied.collapses)
-            self.totals["errors"] += sum(r.error is not None for r in applied.collapses)
-            self.totals["held_by_budget"] += by_budget
-            self.totals["held_by_rule"] += by_rule
-        self.totals["rounds"] += 1
-        if candidates:
-            admitted = {(pid, s) for pid, starts in adm.admitted.items() for s in starts}
-            self.rounds.append({
-                "t_s": round(time.monotonic() - self.started, 3),
-                "held_bytes_before": held_before,
-                "candidates": [{"pid": c.pid, "rule": c.rule, "start": c.start,
-                                "benefit": round(c.benefit, 1),
-                                "admitted": (c.pid, c.start) in admitted} for c in candidates],
-            })
-            del self.rounds[:-MAX_ROUNDS_KEPT]
-            reporting.write_json(self)
-
-    def _reverse_map_all(self, phys: Snapshot | None,
-                         looks: dict[int, Look]) -> dict[int, revmap.VirtualAccess]:
-        """The physical aggregation through every looked-at process's frames, in one pass
-        (revmap.reverse_map_many); none for a virtual source."""
-        with_frames = [(pid, look.frames) for pid, look in looks.items()
-                       if look.frames is not None]
-        if phys is None or not with_frames:
-            return {}
-        with self.cpu.stage(stagecpu.REVERSE_MAP):
-            maps = revmap.reverse_map_many(phys, [frames for _, frames in with_frames])
-        return {pid: mapped for (pid, _), mapped in zip(with_frames, maps, strict=True)}
-
-    def _decide(self, m: Managed, look: Look, mapped: revmap.VirtualAccess | None,
-                thp: str) -> policy.Decision | None:
-        """The process's decision on this aggregation (physical, or its own virtual one); None
-        while it is skipped (THP disabled for itself). Its pipeline observes every aggregation,
-        skipped or not, so first touch is judged against the latest look."""
-        obs = m.pipeline.complete(look, mapped)
-        m.mappings = obs.mappings
-        if self._skip_if_thp_disabled(m, obs.status):
-            return None
-        decision = m.pipeline.decide(obs, thp)
-        m.snapshots += 1
-        m.hot_bytes = decision.hot_bytes
-        m.pending = (look.snapshot, decision)
-        return decision
-
-    def _skip_if_thp_disabled(self, m: Managed, status: procfs.Status) -> bool:
-        """Skip a process that turned THP off for itself; say so once, and once when it ends."""
-        if procfs.thp_disabled_by_process(status):
-            if m.skipped is None:
-                m.skipped = THP_DISABLED_REASON
-                log(f"skipping pid {m.pid} (rule {m.rule}): {THP_DISABLED_REASON}; no collapse "
-                    "is tried until it allows THP again. To have it managed, start it from a "
-                    "process that has not disabled THP and without the program's own opt-out, "
-                    "or have it use PR_THP_DISABLE_EXCEPT_ADVISED (Linux 6.18+), which allows "
-                    "collapses")
-            return True
-        if m.skipped is not None:
-            m.skipped = None
-            log(f"managing pid {m.pid} (rule {m.rule}) again: it allows THP now")
-        return False
