@@ -383,13 +383,16 @@ def run_in_vm(
     console: TextIO | None = None,
     run_dir: Path | None = None,
     kernel: PinnedKernel | None = None,
+    stop: threading.Event | None = None,
 ) -> VmResult:
     """Boot the VM, run `command` from the project root, stream its output, return.
 
     `stdout`/`stderr` receive the command's streams as they grow (None: only the files in the
     run directory); `console` receives the raw VM console. The run directory is writable by the
     guest (as $DAMON_HP_VM_RUN_DIR) and keeps stdout, stderr, exit_code and console.log.
-    `kernel`: which pinned kernel boots (default the main one).
+    `kernel`: which pinned kernel boots (default the main one). `stop`: set from another thread,
+    it ends the VM as a timeout would (a caller running several VMs in threads gets no signal
+    there: only the main thread does).
     """
     if not command:
         raise DamonHpError("damon-hp vm: no command given")
@@ -422,6 +425,8 @@ def run_in_vm(
                     boot_s = time.monotonic() - started
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     timed_out = True
+                    break
+                if stop is not None and stop.is_set():
                     break
                 time.sleep(0.2)
         finally:

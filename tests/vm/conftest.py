@@ -11,11 +11,13 @@ Each test is parametrized by the kernel it runs on, so its id says so: `test_x[k
 one running.
 
 On the host (DAMON_HP_IN_VM unset) no vm test body or fixture ever runs: each collected vm
-test's setup, call and teardown are replaced by a lookup of its result from ONE VM run per
-kernel. A kernel's VM boots lazily at its first vm test, runs `.venv/bin/pytest` on that
-kernel's selected vm tests inside, and each test then passes or fails on the host with the
-inside failure text. A test skipped inside the VM fails on the host: the vm tier never skips.
-A VM that does not boot fails every vm test of its kernel with the VM's console tail.
+test's setup, call and teardown are replaced by a lookup of its result from the VM run that
+ran it (tests/vm_runs.py): a kernel's selected tests go to one VM, or, when the tier runs
+VMs side by side (DAMON_HP_VM_PARALLEL), to shards of whole modules, a VM each. All VMs
+start at the first vm test, each runs `.venv/bin/pytest` on its tests inside, and each test
+then passes or fails on the host with the inside failure text. A test skipped inside the VM
+fails on the host: the vm tier never skips. A VM that does not boot fails every vm test it
+had with the VM's console tail.
 
 DAMON_STAT (7.3): its kdamond is exclusive, so no sysfs kdamond starts while it runs. Every
 test gets it OFF (/sys/module/damon_stat/parameters/enabled, the VM is throwaway) unless it is
@@ -24,8 +26,9 @@ marked `damon_stat_on`, which gets it running as booted.
 Inside the VM (DAMON_HP_IN_VM=1 on a virtme-ng kernel) tests run normally and each result is
 written as a JSON line to $DAMON_HP_VM_RESULTS for the host to read.
 
-Knobs (environment): DAMON_HP_VM_MEM (default 6G), DAMON_HP_VM_TIMEOUT_S (default 2700),
-DAMON_HP_VM_PLAN (full or lts, default full).
+Knobs (environment): DAMON_HP_VM_MEM (default 6G, per VM), DAMON_HP_VM_TIMEOUT_S (default
+2700, per VM), DAMON_HP_VM_PLAN (full or lts, default full), DAMON_HP_VM_PARALLEL (VMs at
+once, default the host's cores up to 2).
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import vm_runs
 from damon_hp import testvm
 
 VM_DIR = Path(__file__).resolve().parent
@@ -219,112 +222,46 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 # On the host
 
 
-@dataclass
-class InsideResult:
-    outcome: str = "passed"  # worst of setup/call/teardown: passed < skipped < failed
-    texts: list[str] = field(default_factory=list)
-    xfail: bool = False
+# What a vm test takes inside the VM, in seconds, by module and kernel: only to split the tier
+# into VMs of about equal length (vm_runs.plan). Measured on ... (fresh clone ...); a test not
+# listed counts DEFAULT_TEST_SECONDS.
+TEST_SECONDS: dict[tuple[str, str], float] = {}
+DEFAULT_TEST_SECONDS = 30.0
 
 
-@dataclass
-class VmTier:
-    """One VM run of one kernel for the whole session, started by its first vm test."""
+def _expected_seconds(nodeid: str) -> float:
+    module = vm_runs.module_of(nodeid).rsplit("/", 1)[-1]
+    kernel = nodeid.rsplit("[k", 1)[-1].split("-", 1)[0].rstrip("]")
+    return TEST_SECONDS.get((module, kernel), DEFAULT_TEST_SECONDS)
 
-    session: pytest.Session
-    kernel: testvm.PinnedKernel
-    vm_result: testvm.VmResult | None = None
-    setup_error: str | None = None
-    results: dict[str, InsideResult] = field(default_factory=dict)
-    collect_errors: list[str] = field(default_factory=list)
-    started: bool = False
 
-    def selected_nodeids(self) -> list[str]:
-        return [it.nodeid for it in self.session.items
-                if _is_vm_item(it) and _item_kernel(it) == self.kernel.name]
+RUNS_KEY = pytest.StashKey[vm_runs.VmRuns]()
 
-    def inside_args(self, run_dir: Path) -> list[str]:
-        # Exact nodeids, so -k, -m and file selections on the host select inside too; the
-        # plan goes along, or the guest would parametrize by its default plan and not find a
-        # test id of another one (`test_x[k7.3]` of the full plan).
-        return [
-            "env", f"{RESULTS_ENV}={run_dir / 'results.jsonl'}", f"DAMON_HP_VM_PLAN={VM_PLAN}",
-            str(testvm.VENV_BIN / "pytest"), "-p", "no:cacheprovider", "-v", "-ra",
-            f"--junitxml={run_dir / 'junit.xml'}", *self.selected_nodeids(),
-        ]
 
-    def run(self) -> None:
-        self.started = True
-        capman = self.session.config.pluginmanager.get_plugin("capturemanager")
+def _inside_args(job: vm_runs.VmJob, run_dir: Path) -> list[str]:
+    # Exact nodeids, so -k, -m and file selections on the host select inside too; the plan
+    # goes along, or the guest would parametrize by its default plan and not find a test id of
+    # another one (`test_x[k7.3]` of the full plan).
+    return [
+        "env", f"{RESULTS_ENV}={run_dir / 'results.jsonl'}", f"DAMON_HP_VM_PLAN={VM_PLAN}",
+        str(testvm.VENV_BIN / "pytest"), "-p", "no:cacheprovider", "-v", "-ra",
+        f"--junitxml={run_dir / 'junit.xml'}", *job.nodeids,
+    ]
+
+
+def _check(runs: vm_runs.VmRuns, job: vm_runs.VmJob, nodeid: str,
+           config: pytest.Config) -> None:
+    """A host vm test: wait for its VM (all VMs start at the first one), then its result."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    try:
         with capman.global_and_fixture_disabled():
-            self._run_streaming()
-
-    def _run_streaming(self) -> None:
-        out = sys.stdout
-        try:
-            run_dir = testvm.new_run_dir()
-            cmd = self.inside_args(run_dir)
-            print(f"\n===== vm tier: booting the test VM on {self.kernel.release} "
-                  f"({self.kernel.name}; mem {VM_MEMORY}, TCG, timeout {VM_TIMEOUT_S:.0f} s) to "
-                  f"run {len(self.selected_nodeids())} vm tests inside "
-                  f"(command: {run_dir / 'guest.sh'})", file=out)
-            out.flush()
-            self.vm_result = testvm.run_in_vm(
-                cmd, memory=VM_MEMORY, timeout_s=VM_TIMEOUT_S, stdout=out, stderr=out,
-                run_dir=run_dir, kernel=self.kernel,
-            )
-        except testvm.VmTerminated as err:
-            # SIGTERM stops the session: no other kernel's VM may boot after it.
-            pytest.exit(str(err), returncode=err.exit_code)
-        except testvm.DamonHpError as err:
-            self.setup_error = str(err)
-            print(f"===== vm tier: cannot start the VM: {err}", file=out)
-            return
-        r = self.vm_result
-        boot = f"{r.boot_seconds:.1f} s" if r.boot_seconds is not None else "never"
-        print(f"===== vm tier: {self.kernel.release} VM done in {r.wall_seconds:.1f} s "
-              f"(booted after {boot}), inside "
-              f"pytest exit {r.exit_code if r.finished else 'n/a'}; files in {r.run_dir}",
-              file=out)
-        self._read_results(r.run_dir / "results.jsonl")
-
-    def _read_results(self, path: Path) -> None:
-        if not path.exists():
-            return
-        rank = {"passed": 0, "skipped": 1, "failed": 2}
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["kind"] == "collect":
-                self.collect_errors.append(f"{rec['nodeid']}:\n{rec['text']}")
-                continue
-            res = self.results.setdefault(rec["nodeid"], InsideResult())
-            res.xfail = res.xfail or rec["xfail"]
-            if rank[rec["outcome"]] > rank[res.outcome]:
-                res.outcome = rec["outcome"]
-            if rec["outcome"] != "passed":
-                res.texts.append(f"[inside the VM, {rec['when']}: {rec['outcome']}]\n"
-                                 f"{rec['text']}{rec['sections']}")
-
-    def check(self, nodeid: str) -> None:
-        if not self.started:
-            self.run()
-        if self.setup_error:
-            pytest.fail(f"vm tier: the test VM could not be started: {self.setup_error}",
-                        pytrace=False)
-        r = self.vm_result
-        assert r is not None
-        if r.vm_failed:
-            pytest.fail(f"vm tier: {r.failure_text()}", pytrace=False)
-        res = self.results.get(nodeid)
-        if res is None:
-            errors = "\n".join(self.collect_errors) or (
-                f"(no collection error recorded; see {r.run_dir}/stdout)")
-            pytest.fail(f"vm tier: {nodeid} did not run inside the VM (inside pytest exit "
-                        f"{r.exit_code}). Inside collection errors:\n{errors}", pytrace=False)
-        if res.outcome == "failed":
-            pytest.fail("\n".join(res.texts), pytrace=False)
-        if res.outcome == "skipped" and not res.xfail:
-            pytest.fail("vm tier: skipped inside the VM, and the vm tier never skips:\n"
-                        + "\n".join(res.texts), pytrace=False)
+            runs.wait(job, sys.stdout)
+    except testvm.VmTerminated as err:
+        # SIGTERM stops the session: every VM has been stopped, none may boot after it.
+        pytest.exit(str(err), returncode=err.exit_code)
+    why = job.failure(nodeid)
+    if why is not None:
+        pytest.fail(why, pytrace=False)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -333,15 +270,33 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     vm_items = [it for it in session.items if _is_vm_item(it)]
     if not vm_items:
         return
-    tiers = {name: VmTier(session, testvm.pinned_kernel(name)) for name in testvm.PIN_FILES}
+    by_kernel: dict[str, list[str]] = {name: [] for name in testvm.PIN_FILES}
     for item in vm_items:
-        tier = tiers[_item_kernel(item)]
+        by_kernel[_item_kernel(item)].append(item.nodeid)
+    try:
+        workers = vm_runs.default_workers()
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
+    jobs = vm_runs.plan(by_kernel, workers, _expected_seconds)
+    runs = vm_runs.VmRuns(jobs, workers, _inside_args, VM_MEMORY, VM_TIMEOUT_S)
+    session.config.stash[RUNS_KEY] = runs
+    job_of = {nodeid: job for job in jobs for nodeid in job.nodeids}
+    for item in vm_items:
         # Bodies and fixtures stay in the VM: the host only looks results up.
         item.setup = lambda: None  # type: ignore[method-assign]
         item.teardown = lambda: None  # type: ignore[method-assign]
-        item.runtest = lambda nodeid=item.nodeid, tier=tier: tier.check(nodeid)  # type: ignore[method-assign]
-        # The whole VM run happens inside the first test's call.
-        item.add_marker(pytest.mark.timeout(VM_TIMEOUT_S + 120))
+        item.runtest = (  # type: ignore[method-assign]
+            lambda nodeid=item.nodeid: _check(runs, job_of[nodeid], nodeid, session.config))
+        # The VM runs happen inside the first test's call.
+        item.add_marker(pytest.mark.timeout(runs.wait_bound_s()))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A session that ends before its last vm test (-x, --maxfail) stops the VMs still
+    running: nobody will read their results."""
+    runs = session.config.stash.get(RUNS_KEY, None)
+    if runs is not None:
+        runs.stop_all(sys.stdout)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -358,8 +313,8 @@ def pytest_runtest_setup(item: pytest.Item):
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
-    """Main-kernel vm tests first, then the lts ones: each VM boots once and its tests report
-    together (a stable sort keeps every other order). Within a kernel, the tests that read
+    """Main-kernel vm tests first, then the lts ones (a stable sort keeps every other order).
+    Within a kernel, and so within each of its VMs (vm_runs keeps this order), the tests that read
     DAMON_STAT's kdamond (`damon_stat_on`) come first, on the freshly booted guest as a user's
     machine has it: a physical source reads a process only as well as its frames cluster, and
     after the tier's other tests the guest's free memory is scattered (a fresh-clone run of the
