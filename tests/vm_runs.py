@@ -130,17 +130,24 @@ def split_modules(nodeids: list[str], shards: int,
     return [[nodeids[i] for i in sorted(members)] for _total, members in buckets if members]
 
 
+# VMs per worker: more, smaller VMs even out better (the heaviest first, each worker taking
+# the next when its VM ends) and keep each VM well inside its timeout; a boot costs ~20 s.
+VMS_PER_WORKER = 2
+
+
 def plan(by_kernel: dict[str, list[str]], workers: int,
          weight: Callable[[str], float]) -> list[VmJob]:
     """The VMs to run: each kernel's tests split in proportion to its share of the whole
-    weight, so `workers` VMs carry about equal loads; the heaviest VM first."""
+    weight, about VMS_PER_WORKER VMs of equal load per worker (one VM per kernel with one
+    worker); the heaviest VM first."""
     total = sum(weight(i) for ids in by_kernel.values() for i in ids)
+    per_vm = total / (workers * VMS_PER_WORKER) if workers > 1 else total
     jobs: list[tuple[float, VmJob]] = []
     for name, ids in by_kernel.items():
         if not ids:
             continue
         kernel = testvm.pinned_kernel(name)
-        share = sum(weight(i) for i in ids) * workers / total
+        share = sum(weight(i) for i in ids) / per_vm
         shards = split_modules(ids, max(1, round(share)), weight)
         for n, shard in enumerate(shards, 1):
             label = f"k{kernel.series}" + (f" {n}/{len(shards)}" if len(shards) > 1 else "")

@@ -53,9 +53,13 @@ def test_a_signal_stops_every_vm_of_the_tier_and_ends_the_session(
     log = tmp_path / "pytest.log"
     env = dict(os.environ, DAMON_HP_VM_PARALLEL="2", PYTHONUNBUFFERED="1")
     with open(log, "w") as out:
+        # SIGINT back to its default in the child, as a terminal's Ctrl-C finds it: a suite
+        # started in the background by a non-interactive shell (nohup, CI) inherits SIGINT
+        # ignored, and Python then never raises KeyboardInterrupt.
         proc = subprocess.Popen([str(PYTEST), "-p", "no:cacheprovider", "tests/vm", "-k",
                                  TWO_KERNELS], cwd=PROJECT_ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         def both_booting() -> bool:
             return len(re.findall(r"booting \S+ for 1 tests", log.read_text())) == 2

@@ -96,3 +96,11 @@ def test_every_test_of_a_vm_that_timed_out_fails_with_the_vms_label(tmp_path: Pa
     why = job.failure("a") or ""
     assert why.startswith("vm tier (k7.3 2/2): the test VM was killed after its timeout (2700 s)")
     assert "last line" in why
+
+
+def test_two_workers_get_about_two_vms_each_of_equal_weight() -> None:
+    main = ids("test_a.py", 10) + ids("test_b.py", 10) + ids("test_c.py", 10)
+    lts = ids("test_a.py", 10, "6.12")
+    jobs = vm_runs.plan({"main": main, "lts": lts}, 2, lambda _n: 1.0)
+    assert sorted((j.label, len(j.nodeids)) for j in jobs) == [
+        ("k6.12", 10), ("k7.3 1/3", 10), ("k7.3 2/3", 10), ("k7.3 3/3", 10)]
