@@ -7,7 +7,8 @@ host core busy and the other one of a 2-core host sat idle through the whole vm 
 VM alone needed more than its 2700-s timeout, where it had taken 15.4 min (tests/README.md).
 
 So a kernel with many tests is split into shards, each a VM of its own, and up to `workers`
-VMs run at once (DAMON_HP_VM_PARALLEL, default: the host's cores, at most 2). A shard is a
+VMs run at once (DAMON_HP_VM_PARALLEL, default: the host's cores, at most 2); `plan` sizes
+the shards from each test module's expected seconds so that the workers end together. A shard is a
 set of whole test modules (module fixtures such as the smoke experiment run once), and tests
 keep their collection order inside it: the tests that read DAMON_STAT's kdamond come first in
 their shard, on a freshly booted guest (conftest.pytest_collection_modifyitems says why).
@@ -110,47 +111,84 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def split_modules(nodeids: list[str], shards: int,
-                  weight: Callable[[str], float]) -> list[list[str]]:
-    """At most `shards` lists of whole modules, about equal in weight (`weight(nodeid)`), each
-    in collection order: the heaviest module first, each to the lightest shard so far."""
+def _modules(nodeids: list[str]) -> list[list[int]]:
+    """The indexes of `nodeids`, grouped by test module, in collection order."""
     modules: dict[str, list[int]] = {}
     for i, nodeid in enumerate(nodeids):
         modules.setdefault(module_of(nodeid), []).append(i)
-    buckets: list[tuple[list[float], list[int]]] = [
-        ([0.0], []) for _ in range(max(1, min(shards, len(modules))))]
+    return list(modules.values())
 
-    def heft(indexes: list[int]) -> float:
-        return sum(weight(nodeids[i]) for i in indexes)
 
-    for indexes in sorted(modules.values(), key=heft, reverse=True):
-        total, members = min(buckets, key=lambda b: b[0][0])
-        total[0] += heft(indexes)
+def shards_under(nodeids: list[str], cap: float,
+                 weight: Callable[[str], float]) -> list[list[str]]:
+    """Lists of whole modules of at most `cap` in weight (a module heavier than `cap` is a list
+    of its own), each in collection order: the heaviest module first, each into the first list
+    it fits in (first fit decreasing)."""
+    buckets: list[tuple[list[float], list[int]]] = []
+    for indexes in sorted(_modules(nodeids), key=lambda ix: sum(weight(nodeids[i]) for i in ix),
+                          reverse=True):
+        heft = sum(weight(nodeids[i]) for i in indexes)
+        fits = [b for b in buckets if b[0][0] + heft <= cap]
+        if not fits:
+            buckets.append(([0.0], []))
+        total, members = fits[0] if fits else buckets[-1]
+        total[0] += heft
         members.extend(indexes)
-    return [[nodeids[i] for i in sorted(members)] for _total, members in buckets if members]
+    return [[nodeids[i] for i in sorted(members)] for _total, members in buckets]
 
 
-# VMs per worker: more, smaller VMs even out better (the heaviest first, each worker taking
-# the next when its VM ends) and keep each VM well inside its timeout; a boot costs ~20 s.
-VMS_PER_WORKER = 2
+def makespan(loads: list[float], workers: int) -> float:
+    """When the last of `loads` ends when they run heaviest first, each on the first worker
+    free (VmRuns takes its jobs in order, a worker the next when its VM ends)."""
+    ends = [0.0] * max(1, workers)
+    for load in sorted(loads, reverse=True):
+        ends[ends.index(min(ends))] += load
+    return max(ends)
+
+
+# What a VM costs besides its tests, in the weights' unit (seconds inside the VM): boot, the
+# guest's pytest start-up and the shut-down, ~100 s per VM in the side-by-side runs of
+# 2026-11-28 (a VM's wall time less its tests' durations in results.jsonl).
+VM_START_S = 100.0
+# No VM is planned longer than this (its tests' expected seconds), to stay well inside the VM
+# timeout (DAMON_HP_VM_TIMEOUT_S, 2700 s): VMs of ~1,060-1,280 expected seconds took 1,175-1,356
+# s side by side on the slowed host (tests/README.md), and a core kept busy beside CI slows
+# them further.
+MAX_VM_S = 1400.0
+# How many caps between the heaviest module and MAX_VM_S the plan tries.
+CAP_STEPS = 40
 
 
 def plan(by_kernel: dict[str, list[str]], workers: int,
          weight: Callable[[str], float]) -> list[VmJob]:
-    """The VMs to run: each kernel's tests split in proportion to its share of the whole
-    weight, about VMS_PER_WORKER VMs of equal load per worker (one VM per kernel with one
-    worker); the heaviest VM first."""
-    total = sum(weight(i) for ids in by_kernel.values() for i in ids)
-    per_vm = total / (workers * VMS_PER_WORKER) if workers > 1 else total
+    """The VMs to run, the heaviest first. One worker: one VM per kernel. More: each kernel's
+    modules packed into VMs under a common cap (shards_under), with the cap whose VMs end
+    soonest when run side by side (makespan, each VM also paying VM_START_S), fewer VMs on a
+    tie. Equal shards per kernel leave a worker idle at the end when the kernels' totals do not
+    divide evenly (2026-11-28's weights, start-ups included: three 7.3 VMs of ~1,260 s and a
+    6.12 one of ~800 end at ~2,520 s; 1,500/1,490/810 and 800 at ~2,310)."""
+    kernels = {name: ids for name, ids in by_kernel.items() if ids}
+    if workers <= 1:
+        shards = {name: [ids] for name, ids in kernels.items()}
+    else:
+        hefts = [sum(weight(ids[i]) for i in ix)
+                 for ids in kernels.values() for ix in _modules(ids)]
+        lo = max(hefts, default=0.0)
+        caps = [lo + (MAX_VM_S - lo) * k / CAP_STEPS for k in range(CAP_STEPS + 1)]
+        best: tuple[tuple[float, int], dict[str, list[list[str]]]] | None = None
+        for cap in caps if lo < MAX_VM_S else [lo]:
+            tried = {name: shards_under(ids, cap, weight) for name, ids in kernels.items()}
+            loads = [sum(weight(i) for i in shard) + VM_START_S
+                     for parts in tried.values() for shard in parts]
+            key = (makespan(loads, workers), len(loads))
+            if best is None or key < best[0]:
+                best = (key, tried)
+        shards = best[1] if best else {}
     jobs: list[tuple[float, VmJob]] = []
-    for name, ids in by_kernel.items():
-        if not ids:
-            continue
+    for name, parts in shards.items():
         kernel = testvm.pinned_kernel(name)
-        share = sum(weight(i) for i in ids) / per_vm
-        shards = split_modules(ids, max(1, round(share)), weight)
-        for n, shard in enumerate(shards, 1):
-            label = f"k{kernel.series}" + (f" {n}/{len(shards)}" if len(shards) > 1 else "")
+        for n, shard in enumerate(parts, 1):
+            label = f"k{kernel.series}" + (f" {n}/{len(parts)}" if len(parts) > 1 else "")
             jobs.append((sum(weight(i) for i in shard), VmJob(kernel, shard, label)))
     jobs.sort(key=lambda wj: wj[0], reverse=True)
     return [job for _w, job in jobs]

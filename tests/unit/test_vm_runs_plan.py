@@ -19,32 +19,55 @@ def seconds(table: dict[str, float]) -> Callable[[str], float]:
     return lambda nodeid: table.get(vm_runs.module_of(nodeid).rsplit("/", 1)[-1], 1.0)
 
 
-def test_a_split_keeps_modules_whole_in_collection_order_and_balances_their_weight() -> None:
+def test_shards_keep_modules_whole_in_collection_order_and_under_the_cap() -> None:
     nodeids = ids("test_a.py", 3) + ids("test_b.py", 2) + ids("test_c.py", 4) + ids("test_d.py", 1)
     weight = seconds({"test_a.py": 100.0, "test_b.py": 10.0, "test_c.py": 20.0, "test_d.py": 50.0})
-    shards = vm_runs.split_modules(nodeids, 2, weight)
-    # a: 300 s; c: 80 s, d: 50 s, b: 20 s -> 150 s.
-    assert shards == [ids("test_a.py", 3),
-                      ids("test_b.py", 2) + ids("test_c.py", 4) + ids("test_d.py", 1)]
+    # a: 300 s, over the cap: a shard of its own; c: 80 s, then d: 50 s fits (130), b: 20 s
+    # does not (150): a third shard.
+    assert vm_runs.shards_under(nodeids, 140.0, weight) == [
+        ids("test_a.py", 3), ids("test_c.py", 4) + ids("test_d.py", 1), ids("test_b.py", 2)]
+    assert vm_runs.shards_under(nodeids, 1000.0, weight) == [nodeids]
 
 
-def test_a_split_never_makes_more_shards_than_modules() -> None:
-    nodeids = ids("test_a.py", 5)
-    assert vm_runs.split_modules(nodeids, 3, lambda _n: 1.0) == [nodeids]
+def test_makespan_runs_the_heaviest_first_each_on_the_first_free_worker() -> None:
+    assert vm_runs.makespan([700.0, 1400.0, 1390.0, 710.0], 2) == 2100.0
+    assert vm_runs.makespan([1160.0, 1160.0, 1160.0, 700.0], 2) == 2320.0
+    assert vm_runs.makespan([5.0, 3.0], 1) == 8.0
 
 
-def test_one_worker_runs_one_vm_per_kernel_and_two_split_the_bigger_kernel() -> None:
+def test_one_worker_runs_one_vm_per_kernel() -> None:
     main = ids("test_a.py", 20) + ids("test_b.py", 20)
     lts = ids("test_a.py", 10, "6.12")
-    by_kernel = {"main": main, "lts": lts}
-    one = vm_runs.plan(by_kernel, 1, lambda _n: 1.0)
+    one = vm_runs.plan({"main": main, "lts": lts}, 1, lambda _n: 100.0)
     assert [(j.label, j.nodeids) for j in one] == [("k7.3", main), ("k6.12", lts)]
-    two = vm_runs.plan(by_kernel, 2, lambda _n: 1.0)
-    assert [(j.label, len(j.nodeids)) for j in two] == [
-        ("k7.3 1/2", 20), ("k7.3 2/2", 20), ("k6.12", 10)]
-    assert sorted(n for j in two for n in j.nodeids) == sorted(main + lts)
-    assert {j.kernel.release for j in two} == {testvm.pinned_kernel("main").release,
+
+
+def test_two_workers_get_vms_that_end_together_not_equal_shards() -> None:
+    # 7.3: modules of 850, 630, 540, 320, 290, 250, 170, 150, 100 s (3,300 s); 6.12: 700 s.
+    # Three equal 7.3 shards of ~1,100 and the 6.12 VM end at ~2,300 (one worker idle for
+    # ~400 s); shards sized so that one pairs with the 6.12 VM end at ~2,100.
+    hefts = [850, 630, 540, 320, 290, 250, 170, 150, 100]
+    table = {f"test_{n}.py": float(h) for n, h in enumerate(hefts)} | {"test_lts.py": 700.0}
+    main = [i for n in range(len(hefts)) for i in ids(f"test_{n}.py", 1)]
+    lts = ids("test_lts.py", 1, "6.12")
+    weight = seconds(table)
+    jobs = vm_runs.plan({"main": main, "lts": lts}, 2, weight)
+    loads = [sum(weight(i) for i in j.nodeids) + vm_runs.VM_START_S for j in jobs]
+    assert vm_runs.makespan(loads, 2) <= (3300 + 700) / 2 + 2 * vm_runs.VM_START_S + 50
+    assert all(sum(weight(i) for i in j.nodeids) <= vm_runs.MAX_VM_S for j in jobs)
+    assert loads == sorted(loads, reverse=True), "the heaviest VM first"
+    assert sorted(n for j in jobs for n in j.nodeids) == sorted(main + lts)
+    assert {j.kernel.release for j in jobs} == {testvm.pinned_kernel("main").release,
                                                testvm.pinned_kernel("lts").release}
+    labels = sorted(j.label for j in jobs)
+    assert labels[0] == "k6.12" and all(lb.startswith("k7.3 ") for lb in labels[1:])
+
+
+def test_a_module_heavier_than_the_cap_is_a_vm_of_its_own() -> None:
+    main = ids("test_big.py", 1) + ids("test_small.py", 1)
+    weight = seconds({"test_big.py": 5000.0, "test_small.py": 10.0})
+    jobs = vm_runs.plan({"main": main, "lts": []}, 2, weight)
+    assert [j.nodeids for j in jobs] == [ids("test_big.py", 1), ids("test_small.py", 1)]
 
 
 def test_prefixed_output_holds_a_partial_line_until_it_ends() -> None:
@@ -96,11 +119,3 @@ def test_every_test_of_a_vm_that_timed_out_fails_with_the_vms_label(tmp_path: Pa
     why = job.failure("a") or ""
     assert why.startswith("vm tier (k7.3 2/2): the test VM was killed after its timeout (2700 s)")
     assert "last line" in why
-
-
-def test_two_workers_get_about_two_vms_each_of_equal_weight() -> None:
-    main = ids("test_a.py", 10) + ids("test_b.py", 10) + ids("test_c.py", 10)
-    lts = ids("test_a.py", 10, "6.12")
-    jobs = vm_runs.plan({"main": main, "lts": lts}, 2, lambda _n: 1.0)
-    assert sorted((j.label, len(j.nodeids)) for j in jobs) == [
-        ("k6.12", 10), ("k7.3 1/3", 10), ("k7.3 2/3", 10), ("k7.3 3/3", 10)]

@@ -348,7 +348,10 @@ READ_ONLY_DAMON = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                    'exec "$@"', "sh"]
 
 
-@pytest.mark.both_kernels
+# 7.3 only since 2026-11-28: on 6.12 it took 426 s of that VM's ~1,130 (the slowed host) and
+# proves nothing 7.3 and the host tier do not: the tracepoint's fields are the same since 5.15
+# (shared damon-facts), and the host tier reads a real foreign kdamond's events natively on
+# 6.18 (tests/host/test_agent_passive.py).
 def test_passive_source_backs_the_hot_buffer_through_a_foreign_kdamond_it_never_writes(
         tmp_path, foreign: ForeignPaddrKdamond) -> None:
     before = foreign.files()
