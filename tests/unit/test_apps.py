@@ -37,6 +37,19 @@ def test_each_half_of_apps_toml_is_its_own_file(app):
         assert half["experiment"][key] == full["experiment"][key]
 
 
+def test_the_harm_experiment_runs_apps_tomls_mariadb_ycsb_workload_under_two_arms():
+    full = tomllib.loads((ROOT / "experiments" / "apps.toml").read_text())
+    harm = tomllib.loads((ROOT / "experiments" / "harm-mariadb-ycsb.toml").read_text())
+    assert harm["workloads"] == [w for w in full["workloads"] if w["app"] == "mariadb-ycsb"]
+    cells, skipped = spec.expand(spec.load(ROOT / "experiments" / "harm-mariadb-ycsb.toml"))
+    assert not skipped
+    # interleaved, the arms' order turned every other repetition (ABBA: neither arm always
+    # runs on the server's heels)
+    n, d = "thp-never", "damon-hp"
+    assert [(c.arm, c.rep) for c in cells] == [(n, 0), (d, 0), (d, 1), (n, 1),
+                                               (n, 2), (d, 2), (d, 3), (n, 3)]
+
+
 def test_bundled_app_experiments_parse_and_expand_interleaved():
     exp = spec.load(ROOT / "experiments" / "apps.toml")
     cells, skipped = spec.expand(exp)
