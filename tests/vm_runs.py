@@ -119,22 +119,30 @@ def _modules(nodeids: list[str]) -> list[list[int]]:
     return list(modules.values())
 
 
-def shards_under(nodeids: list[str], cap: float,
-                 weight: Callable[[str], float]) -> list[list[str]]:
+def _no_lead(_nodeid: str) -> bool:
+    return False
+
+
+def shards_under(nodeids: list[str], cap: float, weight: Callable[[str], float],
+                 leads: Callable[[str], bool] = _no_lead) -> list[list[str]]:
     """Lists of whole modules of at most `cap` in weight (a module heavier than `cap` is a list
     of its own), each in collection order: the heaviest module first, each into the first list
-    it fits in (first fit decreasing)."""
-    buckets: list[tuple[list[float], list[int]]] = []
+    it fits in (first fit decreasing). A module holding a test that `leads` (it must run first
+    on a freshly booted guest: conftest.pytest_collection_modifyitems) never joins a list that
+    already holds such a module, since only one of them can run first."""
+    buckets: list[tuple[list[float], list[int], list[bool]]] = []
     for indexes in sorted(_modules(nodeids), key=lambda ix: sum(weight(nodeids[i]) for i in ix),
                           reverse=True):
         heft = sum(weight(nodeids[i]) for i in indexes)
-        fits = [b for b in buckets if b[0][0] + heft <= cap]
+        lead = any(leads(nodeids[i]) for i in indexes)
+        fits = [b for b in buckets if b[0][0] + heft <= cap and not (lead and b[2][0])]
         if not fits:
-            buckets.append(([0.0], []))
-        total, members = fits[0] if fits else buckets[-1]
+            buckets.append(([0.0], [], [False]))
+        total, members, led = fits[0] if fits else buckets[-1]
         total[0] += heft
         members.extend(indexes)
-    return [[nodeids[i] for i in sorted(members)] for _total, members in buckets]
+        led[0] = led[0] or lead
+    return [[nodeids[i] for i in sorted(members)] for _total, members, _led in buckets]
 
 
 def makespan(loads: list[float], workers: int) -> float:
@@ -159,14 +167,15 @@ MAX_VM_S = 1400.0
 CAP_STEPS = 40
 
 
-def plan(by_kernel: dict[str, list[str]], workers: int,
-         weight: Callable[[str], float]) -> list[VmJob]:
+def plan(by_kernel: dict[str, list[str]], workers: int, weight: Callable[[str], float],
+         leads: Callable[[str], bool] = _no_lead) -> list[VmJob]:
     """The VMs to run, the heaviest first. One worker: one VM per kernel. More: each kernel's
     modules packed into VMs under a common cap (shards_under), with the cap whose VMs end
     soonest when run side by side (makespan, each VM also paying VM_START_S), fewer VMs on a
     tie. Equal shards per kernel leave a worker idle at the end when the kernels' totals do not
     divide evenly (2026-11-28's weights, start-ups included: three 7.3 VMs of ~1,260 s and a
-    6.12 one of ~800 end at ~2,520 s; 1,500/1,490/810 and 800 at ~2,310)."""
+    6.12 one of ~800 end at ~2,520 s; 1,500/1,490/810 and 800 at ~2,310). With more than one
+    worker, no two modules with tests that `leads` share a VM (shards_under)."""
     kernels = {name: ids for name, ids in by_kernel.items() if ids}
     if workers <= 1:
         shards = {name: [ids] for name, ids in kernels.items()}
@@ -177,7 +186,8 @@ def plan(by_kernel: dict[str, list[str]], workers: int,
         caps = [lo + (MAX_VM_S - lo) * k / CAP_STEPS for k in range(CAP_STEPS + 1)]
         best: tuple[tuple[float, int], dict[str, list[list[str]]]] | None = None
         for cap in caps if lo < MAX_VM_S else [lo]:
-            tried = {name: shards_under(ids, cap, weight) for name, ids in kernels.items()}
+            tried = {name: shards_under(ids, cap, weight, leads)
+                     for name, ids in kernels.items()}
             loads = [sum(weight(i) for i in shard) + VM_START_S
                      for parts in tried.values() for shard in parts]
             key = (makespan(loads, workers), len(loads))

@@ -119,3 +119,16 @@ def test_every_test_of_a_vm_that_timed_out_fails_with_the_vms_label(tmp_path: Pa
     why = job.failure("a") or ""
     assert why.startswith("vm tier (k7.3 2/2): the test VM was killed after its timeout (2700 s)")
     assert "last line" in why
+
+
+def test_two_modules_with_tests_that_must_run_first_never_share_a_vm() -> None:
+    # Both fit one VM by weight, but only one can run first on the freshly booted guest.
+    main = ids("test_stat.py", 2) + ids("test_src.py", 2) + ids("test_rest.py", 2)
+    weight = seconds({"test_stat.py": 50.0, "test_src.py": 50.0, "test_rest.py": 50.0})
+    first = set(ids("test_stat.py", 1) + ids("test_src.py", 1))
+    shards = vm_runs.shards_under(main, 1000.0, weight, leads=first.__contains__)
+    assert len(shards) == 2
+    assert all(sum(n in first for n in shard) == 1 for shard in shards)
+    assert vm_runs.shards_under(main, 1000.0, weight) == [main]
+    jobs = vm_runs.plan({"main": main, "lts": []}, 2, weight, leads=first.__contains__)
+    assert all(sum(n in first for n in j.nodeids) == 1 for j in jobs)

@@ -76,6 +76,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "fresh_damon_stat: DAMON_STAT is restarted before the test, so its "
         "auto-tuned intervals start where they do at boot (test_damon_stat.py says why)")
     config.addinivalue_line(
+        "markers", "physical_frames: the test promotes through a physical source (paddr, "
+        "passive), which tells hot from cold frames only where a process's frames cluster: it "
+        "runs first in its VM, on the freshly booted guest (pytest_collection_modifyitems)")
+    config.addinivalue_line(
         "markers", "main_kernel: the test needs what only the main kernel (7.3) has (DAMOS "
         "collapse, DAMON_STAT); it runs there in every plan")
     config.addinivalue_line(
@@ -294,7 +298,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         workers = vm_runs.default_workers()
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
-    jobs = vm_runs.plan(by_kernel, workers, _expected_seconds)
+    leading = {it.nodeid for it in vm_items if _leads(it)}
+    jobs = vm_runs.plan(by_kernel, workers, _expected_seconds, leads=leading.__contains__)
     runs = vm_runs.VmRuns(jobs, workers, _inside_args, VM_MEMORY, VM_TIMEOUT_S)
     session.config.stash[RUNS_KEY] = runs
     job_of = {nodeid: job for job in jobs for nodeid in job.nodeids}
@@ -331,12 +336,23 @@ def pytest_runtest_setup(item: pytest.Item):
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     """Main-kernel vm tests first, then the lts ones (a stable sort keeps every other order).
-    Within a kernel, and so within each of its VMs (vm_runs keeps this order), the tests that read
-    DAMON_STAT's kdamond (`damon_stat_on`) come first, on the freshly booted guest as a user's
-    machine has it: a physical source reads a process only as well as its frames cluster, and
-    after the tier's other tests the guest's free memory is scattered (a fresh-clone run of the
-    full plan, 2026-11-26: DAMON_STAT's regions showed the hot buffer half huge after 300 s,
-    where it passed in 66 s as the 21st test of another run)."""
+    Within a kernel, and so within each of its VMs (vm_runs keeps this order and puts no two
+    modules holding such tests in one VM), the tests that read DAMON_STAT's kdamond
+    (`damon_stat_on`) or promote through another physical source (`physical_frames`) come
+    first, on the freshly booted guest as a user's machine has it: a physical source reads a
+    process only as well as its frames cluster, and after the tier's other tests the guest's
+    free memory is scattered (a fresh-clone run of the full plan, 2026-11-26: DAMON_STAT's
+    regions showed the hot buffer half huge after 300 s, where it passed in 66 s as the 21st
+    test of another run; on 2026-11-28 the passive test, after test_faults.py's memory
+    pressure in the same VM, had 9 % of the hot buffer huge after 240 s; fresh VMs of
+    2026-11-25: 90 % in 13-17 s)."""
     order = {name: i for i, name in enumerate(testvm.PIN_FILES)}
-    items.sort(key=lambda it: (order[_item_kernel(it)], it.get_closest_marker("damon_stat_on")
-                               is None) if _is_vm_item(it) else (-1, False))
+    items.sort(key=lambda it: (order[_item_kernel(it)], not _leads(it))
+               if _is_vm_item(it) else (-1, False))
+
+
+def _leads(item: pytest.Item) -> bool:
+    """A test that runs first in its VM, on the freshly booted guest: DAMON_STAT's (a physical
+    source as booted) and the other physical-source tests (`physical_frames`)."""
+    return (item.get_closest_marker("damon_stat_on") is not None
+            or item.get_closest_marker("physical_frames") is not None)

@@ -258,6 +258,7 @@ def assert_hot_backed_cold_not(name: str, took: float | None, samples: list, err
         f"{hot_then:.1%}: {changes(samples)}")
 
 
+@pytest.mark.physical_frames
 def test_paddr_source_backs_the_hot_buffer_and_leaves_no_kdamond(tmp_path) -> None:
     out = tmp_path / "out.json"
     hc, took, samples, err, code = run_until_hot(["--source", "paddr"], out)
@@ -352,6 +353,7 @@ READ_ONLY_DAMON = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
 # proves nothing 7.3 and the host tier do not: the tracepoint's fields are the same since 5.15
 # (shared damon-facts), and the host tier reads a real foreign kdamond's events natively on
 # 6.18 (tests/host/test_agent_passive.py).
+@pytest.mark.physical_frames
 def test_passive_source_backs_the_hot_buffer_through_a_foreign_kdamond_it_never_writes(
         tmp_path, foreign: ForeignPaddrKdamond) -> None:
     before = foreign.files()
