@@ -178,10 +178,25 @@ class Agent:
                     self.pipeline.actuator.fold_scheme_stats()
                     self.report.damos = self.pipeline.actuator.damos_totals
                 self.source.close()
+                self._settle_damos_collapses()
         finally:
             self.source = None
             self.files.close()
             status_records.remove_status()
+
+    def _settle_damos_collapses(self) -> None:
+        """Count the DAMOS collapses our kdamond applied after the last snapshot: it is
+        stopped now, so what is huge among the pending ranges is final."""
+        if self.pipeline is None or not self.report.timeline:
+            return
+        try:
+            applied = self.pipeline.settle()
+        except (procfs.ProcessGone, OSError, DamonHpError) as e:
+            self.report.notes.append(f"DAMOS collapses after the last snapshot not counted: {e}")
+            return
+        if applied.damos_collapses:
+            self.report.record_applied(applied, time.monotonic() - self.started_at,
+                                       self.report.timeline[-1])
 
     # -- loop --------------------------------------------------------------------------------
 

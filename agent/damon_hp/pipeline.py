@@ -320,6 +320,15 @@ class ProcessPipeline:
             return None
         return self.frames.huge_parts(mappings)
 
+    def settle(self) -> actuate.Applied:
+        """After the kdamond stopped: the DAMOS collapses that landed since the last snapshot
+        (actuate.Actuator.settle_damos_collapses), learnt like any other outcome."""
+        applied = actuate.Applied(damos_collapses=self.actuator.settle_damos_collapses())
+        if applied.damos_collapses:
+            self.state = policy.record_outcomes(self.state, applied.outcomes, self.params,
+                                                time.monotonic())
+        return applied
+
     def act(self, decision: policy.Decision, taken_at_s: float) -> actuate.Applied:
         """Apply the decision and let the policy learn what took."""
         t0 = time.thread_time()

@@ -225,6 +225,28 @@ def test_actuator_collapses_adopts_what_is_huge_already_and_reports_each_outcome
     assert one.commit is None and act.marks_unavailable  # no kdamond of ours: no marks
 
 
+MADV_COLLAPSE = 25
+
+
+def test_damos_collapses_that_land_after_the_last_check_are_counted_at_the_stop(
+        child: Child) -> None:
+    """A range handed to the DAMOS collapse action and collapsed after the agent's last check
+    (here the child collapses it itself, as the kdamond would on its behalf) is counted once
+    the kdamond has stopped; a range never collapsed is left out, not counted as failed."""
+    first, second = child.start, child.start + HUGE_PAGE_BYTES
+    with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
+        act = actuate.Actuator(target, files, _SchemeHost(), damos_collapse=True)
+        queued = act.apply(_decision(promote=[first, second]), 1.0)
+        assert queued.collapses == [] and queued.damos_collapses == []
+        assert sorted(act.pending_damos) == [first, second]
+        child.madvise(first, HUGE_PAGE_BYTES, MADV_COLLAPSE)
+        settled = act.settle_damos_collapses()
+        assert act.pending_damos == {}
+        assert act.settle_damos_collapses() == []
+    assert [(r.action, r.start, r.bytes_done, r.error) for r in settled] == [
+        ("damos_collapse", first, HUGE_PAGE_BYTES, None)]
+
+
 def test_actuator_in_dry_run_changes_nothing(child: Child) -> None:
     with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
         host = _SchemeHost()

@@ -94,10 +94,10 @@ def test_only_chosen_ranges_become_huge_and_the_summary_counts_what_did(
     notes = " ".join(s.get("notes", [])) + err
     assert ("DAMOS collapse action" in notes) == (actuator == "damos"), notes
     # Counted = became huge: every huge byte of the buffers was counted as a promotion, and
-    # nothing was counted that is not huge now. A DAMOS collapse the kdamond applied after the
-    # agent's last check is huge but uncounted: one range of slack that way.
+    # nothing was counted that is not huge now. DAMOS collapses the kdamond applied after the
+    # agent's last check are counted when it stops (actuate.settle_damos_collapses; before
+    # that, a fresh-clone run of 2026-11-28 had 62 MiB huge and 58 counted).
     held = hot_huge + cold_huge
-    slack = HUGE if actuator == "damos" else 0
-    assert held - slack <= s["promoted_bytes"] <= held, (s["promoted_bytes"], held, err)
+    assert s["promoted_bytes"] == held, (s["promoted_bytes"], held, err)
     kinds = {a.get("action") for a in report["actions"]}
     assert ("damos_collapse" in kinds) == (actuator == "damos"), kinds
