@@ -353,6 +353,9 @@ class Actuator:
         self.installed: tuple[Scheme, ...] = ()
         self.pending_damos: dict[int, float] = {}
         self.damos_checks: dict[int, int] = {}  # pending range -> snapshots it was checked at
+        self.damos_given_up: set[int] = set()
+        """ranges reported NOT_COLLAPSED after DAMOS_COLLAPSE_CHECKS: the kdamond may still
+        apply a scheme committed before they left it (settle_damos_collapses)"""
         self.damos_totals: dict[str, dict[str, int]] = {}
         self.unsettled: dict[int, float] = {}
         """range -> when its MADV_HUGEPAGE mark was committed: huge then, mark not yet seen in
@@ -406,6 +409,8 @@ class Actuator:
                 continue  # the scheme stays installed; look again at the next snapshot
             del self.pending_damos[start]
             del self.damos_checks[start]
+            if not ok:
+                self.damos_given_up.add(start)
             out.append(ActionResult("damos_collapse", start, start + HUGE_PAGE_BYTES,
                                     HUGE_PAGE_BYTES if ok else 0,
                                     None if ok else "NOT_COLLAPSED", 0.0))
@@ -413,17 +418,21 @@ class Actuator:
 
     def settle_damos_collapses(self) -> list[ActionResult]:
         """Once our kdamond has stopped (no DAMOS collapse can land after this): the pending
-        ranges that became huge since the last check, as collapses that took. A range the
-        kdamond never collapsed is left out, not counted as failed: it was never refused.
-        Without this, ranges collapsed between the last snapshot and the stop were huge in
-        the target but missing from the summary (a vm test, 2026-11-28: 62 MiB huge, 58
-        counted)."""
-        if self.dry_run or not self.pending_damos:
+        ranges that became huge since the last check, as collapses that took
+        (`damos_collapse`), and the ranges given up as NOT_COLLAPSED that the kdamond
+        collapsed after all (`damos_collapse_late`: the report turns their failure into a
+        success). A pending range the kdamond never collapsed is left out, not counted as
+        failed: it was never refused. Without this the summary missed huge ranges (fresh-clone
+        runs of 2026-11-28: 62 MiB huge and 58 counted, then 60 and 56 with 2 NOT_COLLAPSED)."""
+        if self.dry_run:
             return []
-        starts = sorted(self.pending_damos)
+        pending, given_up = sorted(self.pending_damos), sorted(self.damos_given_up)
         self.pending_damos.clear()
         self.damos_checks.clear()
-        return [ActionResult("damos_collapse", s, s + HUGE_PAGE_BYTES, HUGE_PAGE_BYTES, None, 0.0)
+        self.damos_given_up.clear()
+        return [ActionResult(action, s, s + HUGE_PAGE_BYTES, HUGE_PAGE_BYTES, None, 0.0)
+                for action, starts in (("damos_collapse", pending),
+                                       ("damos_collapse_late", given_up))
                 for s in starts
                 if self.memory.huge_bytes_in([huge_range(s)]) == HUGE_PAGE_BYTES]
 

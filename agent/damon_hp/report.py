@@ -44,6 +44,17 @@ class CollapseTally:
             key = error or "unknown"
             self.errors[key] = self.errors.get(key, 0) + 1
 
+    def revive(self, nbytes: int, error: str) -> None:
+        """A collapse counted as failed with `error` took after all (a DAMOS collapse the
+        kdamond applied after the agent gave the range up): one failure becomes a success."""
+        if self.errors.get(error, 0) <= 0:
+            return
+        self.errors[error] -= 1
+        if not self.errors[error]:
+            del self.errors[error]
+        self.ok += 1
+        self.bytes += nbytes
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "tried": self.tried,
@@ -192,11 +203,13 @@ class RunReport:
     def record_applied(self, applied: Applied, t_s: float, entry: TimelineEntry) -> None:
         """Fold what the actuator did after one snapshot into the totals and the action log."""
         for r in (*applied.damos_collapses, *applied.collapses):
+            if r.action == "damos_collapse_late":  # counted as NOT_COLLAPSED before
+                self.collapse.revive(r.bytes_done, "NOT_COLLAPSED")
+                continue
             self.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds,
                               r.cpu_seconds)
-        for r in (*applied.damos_collapses, *applied.collapses):
             entry.collapse.add(r.error is None, r.bytes_done, r.error, r.seconds,
-                              r.cpu_seconds)
+                               r.cpu_seconds)
         for r in applied.recollapses:
             self.recollapse.add(r.error is None, r.bytes_done, r.error, r.seconds,
                               r.cpu_seconds)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from damon_hp import actuate, procfs
+from damon_hp import actuate, procfs, report
 from damon_hp.damon.model import SchemeStats
 from damon_hp.errors import DamonHpError, EnvironmentProblem
 from damon_hp.policy import Decision
@@ -245,6 +245,25 @@ def test_damos_collapses_that_land_after_the_last_check_are_counted_at_the_stop(
         assert act.settle_damos_collapses() == []
     assert [(r.action, r.start, r.bytes_done, r.error) for r in settled] == [
         ("damos_collapse", first, HUGE_PAGE_BYTES, None)]
+
+
+def test_a_damos_range_given_up_that_the_kdamond_collapses_later_is_revived_at_the_stop(
+        child: Child) -> None:
+    first = child.start
+    with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
+        act = actuate.Actuator(target, files, _SchemeHost(), damos_collapse=True)
+        act.apply(_decision(promote=[first]), 1.0)
+        checks = [act.apply(_decision(), 2.0 + i) for i in range(actuate.DAMOS_COLLAPSE_CHECKS)]
+        assert [(r.start, r.error) for r in checks[-1].damos_collapses] == [
+            (first, "NOT_COLLAPSED")]
+        child.madvise(first, HUGE_PAGE_BYTES, MADV_COLLAPSE)  # the kdamond, late
+        settled = act.settle_damos_collapses()
+    assert [(r.action, r.start, r.error) for r in settled] == [
+        ("damos_collapse_late", first, None)]
+    tally = report.CollapseTally()
+    tally.add(False, 0, "NOT_COLLAPSED", 0.0)
+    tally.revive(HUGE_PAGE_BYTES, "NOT_COLLAPSED")
+    assert (tally.tried, tally.ok, tally.bytes, tally.errors) == (1, 1, HUGE_PAGE_BYTES, {})
 
 
 def test_actuator_in_dry_run_changes_nothing(child: Child) -> None:
