@@ -266,6 +266,26 @@ def test_a_damos_range_given_up_that_the_kdamond_collapses_later_is_revived_at_t
     assert (tally.tried, tally.ok, tally.bytes, tally.errors) == (1, 1, HUGE_PAGE_BYTES, {})
 
 
+def test_a_damos_range_given_up_then_queued_again_counts_once_when_it_collapses(
+        child: Child) -> None:
+    """Given up as NOT_COLLAPSED, chosen again and collapsed at its new check: one success,
+    not a second one at the stop (the range left the given-up set when it was queued)."""
+    first = child.start
+    with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
+        act = actuate.Actuator(target, files, _SchemeHost(), damos_collapse=True)
+        act.apply(_decision(promote=[first]), 1.0)
+        for i in range(actuate.DAMOS_COLLAPSE_CHECKS):
+            act.apply(_decision(), 2.0 + i)
+        assert act.damos_given_up == {first}
+        act.apply(_decision(promote=[first]), 10.0)
+        child.madvise(first, HUGE_PAGE_BYTES, MADV_COLLAPSE)  # the kdamond, this time in time
+        checked = act.apply(_decision(), 11.0)
+        settled = act.settle_damos_collapses()
+    assert [(r.action, r.start, r.error) for r in checked.damos_collapses] == [
+        ("damos_collapse", first, None)]
+    assert settled == []
+
+
 def test_actuator_in_dry_run_changes_nothing(child: Child) -> None:
     with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
         host = _SchemeHost()
