@@ -152,7 +152,8 @@ def recording_of(out: Path) -> Path:
 
 
 def run_until_hot(args: list[str], out: Path, wrap: list[str] | None = None,
-                  share: float = HOT_SHARE) -> tuple[HotCold, float | None, list, str, int]:
+                  share: float = HOT_SHARE, hot: str = HOT, cold: str = COLD,
+                  ) -> tuple[HotCold, float | None, list, str, int]:
     """`damon-hp run --json out ARGS -- hotcold`, watched through smaps until the hot buffer is
     `share` huge or DEADLINE_S passes, then stopped with SIGTERM.
 
@@ -166,7 +167,7 @@ def run_until_hot(args: list[str], out: Path, wrap: list[str] | None = None,
     Path("/proc/sys/vm/drop_caches").write_text("3")
     Path("/proc/sys/vm/compact_memory").write_text("1")
     cmd = [DAMON_HP, "run", "--progress-s", "10", "--json", str(out), "--record",
-           str(recording_of(out)), *args, "--", HOTCOLD, "--hot", HOT, "--cold", COLD,
+           str(recording_of(out)), *args, "--", HOTCOLD, "--hot", hot, "--cold", cold,
            "--seconds", "300"]
     proc = subprocess.Popen([*(wrap or []), *cmd], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
