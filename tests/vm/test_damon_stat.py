@@ -146,18 +146,13 @@ def test_asking_for_vaddr_fails_at_once_naming_damon_stat() -> None:
     print(f"refused after {took:.1f} s")
 
 
-# DAMON_STAT tunes its intervals for 4 % of sampled accesses, from 5 ms / 100 ms at start up to
-# 10 s / 200 s samples / aggregations, growing them 1.7-fold every 3 aggregations while it
-# samples less. A 64 MiB hot buffer is about 1 % of the tier's 6 GiB guest, so they only ever
-# grew: from 6.4 to 58.6 s aggregations within 4 minutes in a by-hand run (2026-11-28, 4 GiB
-# guest), and in stop 37's CI, where the run began at 12.4 s ones, DAMON's physical regions had
-# not split down to the hot frames when the 240-s bound passed (the target read all hot or all
-# idle). The test then measured how fast the guest ran before it, not damon-hp. A hot buffer
-# read whole at every sample is its share of memory in sampled accesses: 256 MiB held the
-# aggregations at ~4.8 s in a 4 GiB guest (90 % huge 21 s in) and at ~6 s in the tier's 6 GiB
-# one (50 % huge at 29 s), but is only 4.4 % there, too close to the goal for a slower host;
-# 512 MiB is ~9 %. Restarted first, DAMON_STAT starts at its boot intervals: the state of a
-# machine that booted with it, which is where a user starts damon-hp.
+# DAMON_STAT lengthens its intervals while under 4 % of what it samples reads accessed
+# (docs/sources.md, "DAMON_STAT's intervals and a small hot set", has the measurements): a
+# 64 MiB hot buffer, ~1 % of the tier's 6 GiB guest, let its aggregations grow until the
+# 240-s bound passed in stop 37's CI, and the test measured how fast the guest ran before it,
+# not damon-hp. 512 MiB (~9 %) keeps them steady; 256 MiB (4.4 %) is too close to the goal.
+# Restarted first, DAMON_STAT starts at its boot intervals: the state of a machine that
+# booted with it, which is where a user starts damon-hp.
 STAT_HOT, STAT_COLD = "512M", "256M"
 
 
