@@ -6,6 +6,8 @@ The snapshots here are hand-made; the behaviour on real DAMON data is in test_po
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from damon_hp import ranges
 from damon_hp.damon.model import Region, Snapshot
 from damon_hp.policy import (
@@ -184,15 +186,64 @@ def test_demoted_range_that_turns_hot_is_remarked_before_it_is_collapsed_again()
     assert d.demote == ()
     d, st = decide(snap(1.5, (0, H, 0), busy), st, p)
     assert d.demote == (BASE,) and d.nohugepage_marks == (AddrRange(BASE, BASE + H),)
-    # Hot again: first the MADV_HUGEPAGE mark (clears VM_NOHUGEPAGE), no collapse yet.
+    # Hot again, twice in a row (remark_after_snapshots): first the MADV_HUGEPAGE mark
+    # (clears VM_NOHUGEPAGE), no collapse yet.
     d, st = decide(snap(2.0, (0, H, 20), busy), st, p)
+    assert d.promote == () and d.hugepage_marks == ()
+    d, st = decide(snap(2.1, (0, H, 20), busy), st, p)
     assert d.promote == ()
     assert d.hugepage_marks == (AddrRange(BASE, BASE + H),) and d.nohugepage_marks == ()
-    d, st = decide(snap(2.1, (0, H, 20), busy), st, p)
-    assert d.promote == (BASE,)
-    st = record_outcomes(st, {BASE: None}, p, now_s=2.1)
     d, st = decide(snap(2.2, (0, H, 20), busy), st, p)
+    assert d.promote == (BASE,)
+    st = record_outcomes(st, {BASE: None}, p, now_s=2.2)
+    d, st = decide(snap(2.3, (0, H, 20), busy), st, p)
     assert d.hugepage_marks == () and BASE in st.promoted_last_hot
+
+
+def _demoted(p: PolicyParams) -> PolicyState:
+    """BASE promoted, then demoted while a second huge range (2H) read hot."""
+    busy = (2 * H, 3 * H, 20)
+    d, st = decide(snap(0.0, (0, H, 20), busy), PolicyState(), p)
+    st = record_outcomes(st, {s: None for s in d.promote}, p, now_s=0.0)
+    for t in (0.5, 1.5):
+        d, st = decide(snap(t, (0, H, 0), busy), st, p)
+    assert st.demoted == {BASE}
+    return st
+
+
+def test_a_demoted_range_is_not_remarked_on_one_hot_reading_however_old_its_region() -> None:
+    # One reading is what a region mostly inside idle memory draws now and then from a busy
+    # slice of it; DAMON's region age (20 aggregations here) seeds no re-mark.
+    p = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0, demote_after_s=1.0)
+    busy = (2 * H, 3 * H, 20)
+    st = _demoted(p)
+    t = 2.0
+    for _ in range(5):  # a chance hot reading now and then, idle between
+        d, st = decide(snap(t, (0, H, 20), busy, age=20), st, p)
+        assert d.hugepage_marks == () and d.nohugepage_marks == (AddrRange(BASE, BASE + H),)
+        for _ in range(2):  # two idle readings: the streak ends (promote_grace 1)
+            t += 0.1
+            d, st = decide(snap(t, (0, H, 0), busy), st, p)
+        t += 0.1
+    assert st.demoted == {BASE} and st.remarked == {}
+    # remark_after_snapshots=1 re-marks on the first one, as the rule did before it.
+    st1 = _demoted(replace(p, remark_after_snapshots=1))
+    d, st1 = decide(snap(2.0, (0, H, 20), busy, age=20), st1, replace(p, remark_after_snapshots=1))
+    assert d.hugepage_marks == (AddrRange(BASE, BASE + H),)
+
+
+def test_a_demoted_range_hot_again_is_remarked_after_remark_after_snapshots_readings() -> None:
+    busy = (2 * H, 3 * H, 20)
+    for n in (1, 2, 3):
+        p = PolicyParams(promote_after_snapshots=1, promote_after_s=0.0, demote_after_s=1.0,
+                         remark_after_snapshots=n)
+        st = _demoted(p)
+        marked_at = None
+        for i in range(5):
+            d, st = decide(snap(2.0 + 0.1 * i, (0, H, 20), busy), st, p)
+            if d.hugepage_marks and marked_at is None:
+                marked_at = i + 1
+        assert marked_at == n, (n, marked_at)
 
 
 def test_under_madvise_mode_promoted_and_planned_ranges_are_marked_hugepage() -> None:

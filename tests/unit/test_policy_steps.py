@@ -173,6 +173,7 @@ def test_no_witness_or_no_way_to_demote_keeps_a_promoted_range_untouched() -> No
 
 ENOUGH = Streak(0.0, 1, ((10.0, 20),))
 TOO_FEW = Streak(0.0, 1, ((0.5, 20),))  # under promote_min_accesses = 1
+ENOUGH_TWICE = Streak(0.0, 2, ((10.0, 20), (10.0, 20)))  # what a re-mark needs
 
 
 def four_hot(t: float) -> tuple[Snapshot, HotSet]:
@@ -192,15 +193,19 @@ def test_ready_ranges_are_those_with_evidence_and_no_pending_retry_in_address_or
 def test_a_demoted_range_ready_again_is_remarked_and_collapsed_on_a_later_snapshot() -> None:
     s, hot = four_hot(1.0)
     ranges = {A: RangeState(streak=ENOUGH, demoted=True)}
+    # One hot reading is evidence enough for a first promotion, not for a re-mark.
     assert ready_ranges(ranges, hot, s, PolicyParams(), None, False, frozenset()) == ([], 0)
-    assert ranges[A] == RangeState(streak=ENOUGH, remarked_at=1.0)
+    assert ranges[A] == RangeState(streak=ENOUGH, demoted=True)
+    ranges = {A: RangeState(streak=ENOUGH_TWICE, demoted=True)}
+    assert ready_ranges(ranges, hot, s, PolicyParams(), None, False, frozenset()) == ([], 0)
+    assert ranges[A] == RangeState(streak=ENOUGH_TWICE, remarked_at=1.0)
     later, hot = four_hot(2.0)
     assert ready_ranges(ranges, hot, later, PolicyParams(), None, False, frozenset()) == ([A], 0)
 
 
 def test_a_demoted_range_is_not_remarked_when_sparse_or_when_thp_is_off_for_the_process() -> None:
     s, hot = four_hot(1.0)
-    ranges = {A: RangeState(streak=ENOUGH, demoted=True)}
+    ranges = {A: RangeState(streak=ENOUGH_TWICE, demoted=True)}
     sparse = {A: 100}  # 412 of 512 pages absent, over max_ptes_none = 256
     assert ready_ranges(ranges, hot, s, PolicyParams(), sparse, False, frozenset()) == ([], 1)
     assert ready_ranges(ranges, hot, s, PolicyParams(), None, True, frozenset()) == ([], 0)

@@ -60,6 +60,17 @@ class PolicyParams:
         another process nor split its huge pages, so without a DAMOS scheme of ours a promoted
         range stays huge: sources without one keep no idle bookkeeping, and a promoted range
         that reads idle for a while needs no new streak when it turns hot again.
+    remark_after_snapshots = 2
+        Hot readings a *demoted* range needs, with no age seed, before it is re-marked
+        MADV_HUGEPAGE: it was shown idle for `demote_after_s`, and one reading is cheap to come
+        by by chance: a DAMON region mostly inside idle memory with a slice of a busy buffer
+        reads as a binomial draw on that slice, and `hotset.REST_MARGIN` makes a false
+        attribution rare per aggregation, not impossible over thousands of them (a vaddr
+        kdamond of ours aggregates every 100-400 ms). One fresh-clone run of
+        tests/vm/test_madvise_marks.py (2026-11-27) ended with 26 of 119 demoted ranges of the
+        idle buffer re-marked within 240 s; this is the likely cause (the run kept no
+        recording). Two readings in a row square that chance and cost a range that is truly
+        hot again one aggregation.
     demote_after_s = 30.0
         Seconds of *huge-witnessed* idleness (idle while another huge range of the process read
         hot) before a promoted range is demoted. DAMON's ethp example demotes after 7 s idle; a
@@ -97,6 +108,7 @@ class PolicyParams:
     seed_streak_from_age: bool = True
     max_age_seed: int = 3
     can_demote: bool = True
+    remark_after_snapshots: int = 2
     demote_after_s: float = 30.0
     demote_blind_after_s: float = 300.0
     max_ptes_none: int = 256
@@ -125,8 +137,10 @@ class PolicyParams:
                              f"{self.max_ptes_none}")
         if self.promote_min_accesses < 0 or self.max_age_seed < 0:
             raise ValueError("promote_min_accesses and max_age_seed must not be negative")
-        if self.promote_after_snapshots < 1 or self.promote_grace < 0:
-            raise ValueError("promote_after_snapshots must be at least 1, promote_grace >= 0")
+        if (self.promote_after_snapshots < 1 or self.remark_after_snapshots < 1
+                or self.promote_grace < 0):
+            raise ValueError("promote_after_snapshots and remark_after_snapshots must be at "
+                             "least 1, promote_grace >= 0")
         if self.max_huge_bytes is not None and self.max_huge_bytes < 0:
             raise ValueError("max_huge_bytes must not be negative")
         if self.max_huge_rss_pct is not None and not 0 <= self.max_huge_rss_pct <= 100:

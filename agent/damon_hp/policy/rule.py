@@ -76,8 +76,9 @@ def advance_streaks(ranges: dict[int, RangeState], hot: HotSet, heat: Mapping[in
         if start in hot_lookup:
             got = reading_accesses(heat[start], max_acc)
             if s is None:
+                # A demoted range earns its way back on readings of its own (ready_ranges).
                 seed = (min(heat[start].min_age, params.max_age_seed)
-                        if params.seed_streak_from_age else 0)
+                        if params.seed_streak_from_age and not rec.demoted else 0)
                 s = Streak(since_s=now - seed * aggr_s, hot_readings=seed,
                            readings=((got, max_acc),) * seed)
             s = s.then(got, max_acc, hot=True)
@@ -151,8 +152,8 @@ def ready_ranges(ranges: dict[int, RangeState], hot: HotSet, snapshot: SnapshotL
                  thp_disabled: bool, withheld: frozenset[int]) -> tuple[list[int], int]:
     """Ranges whose evidence suffices and that may be collapsed now, in address order, and how
     many demoted ones the residency guard kept from being re-marked. A demoted range that is
-    ready again is first re-marked MADV_HUGEPAGE (clearing VM_NOHUGEPAGE, which MADV_COLLAPSE
-    refuses) and collapsed on a later snapshot."""
+    ready again, after `remark_after_snapshots` hot readings, is first re-marked MADV_HUGEPAGE
+    (clearing VM_NOHUGEPAGE, which MADV_COLLAPSE refuses) and collapsed on a later snapshot."""
     now = snapshot.taken_at_s
     ready: list[int] = []
     held = 0
@@ -162,7 +163,8 @@ def ready_ranges(ranges: dict[int, RangeState], hot: HotSet, snapshot: SnapshotL
                 or not evidence_suffices(rec.streak, now, params)):
             continue
         if rec.demoted:
-            if thp_disabled:
+            if (thp_disabled or rec.streak is None
+                    or rec.streak.hot_readings < params.remark_after_snapshots):
                 continue
             if not _dense_enough(start, resident_pages, params):
                 held += 1
