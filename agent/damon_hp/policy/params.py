@@ -63,14 +63,15 @@ class PolicyParams:
     remark_after_snapshots = 2
         Hot readings a *demoted* range needs, with no age seed, before it is re-marked
         MADV_HUGEPAGE: it was shown idle for `demote_after_s`, and one reading is cheap to come
-        by by chance: a DAMON region mostly inside idle memory with a slice of a busy buffer
-        reads as a binomial draw on that slice, and `hotset.REST_MARGIN` makes a false
-        attribution rare per aggregation, not impossible over thousands of them (a vaddr
-        kdamond of ours aggregates every 100-400 ms). One fresh-clone run of
-        tests/vm/test_madvise_marks.py (2026-11-27) ended with 26 of 119 demoted ranges of the
-        idle buffer re-marked within 240 s; this is the likely cause (the run kept no
-        recording). Two readings in a row square that chance and cost a range that is truly
-        hot again one aggregation.
+        by by chance. In a VM run of the marks scenario (tests/vm/test_madvise_marks.py,
+        2026-11-29) a 9 MiB DAMON region wholly inside the idle buffer read 2 of 20 samples once,
+        ~9 s after its 120 ranges were demoted, and 4 of them were re-marked; replaying that
+        recording with two readings re-marks none. A region mostly inside idle memory with a
+        slice of a busy buffer draws such readings too (`hotset.REST_MARGIN` makes them rare per
+        aggregation, not impossible over thousands: a vaddr kdamond of ours aggregates every
+        100-400 ms). One fresh-clone run of that test (2026-11-27) failed with 26 of 119 demoted
+        ranges re-marked. Two readings in a row cost a range that is truly hot again one
+        aggregation.
     demote_after_s = 30.0
         Seconds of *huge-witnessed* idleness (idle while another huge range of the process read
         hot) before a promoted range is demoted. DAMON's ethp example demotes after 7 s idle; a
