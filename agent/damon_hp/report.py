@@ -92,6 +92,9 @@ class TimelineEntry:
     """the pipeline's CPU in its stages (summary.monitoring_cpu_by_stage, summed) from the start
     to this snapshot, collapse copies left out: its rise between two entries is what watching
     cost over that stretch, without the start-up"""
+    stage_cpu_by_stage_s: dict[str, float] | None = None
+    """the same, stage by stage (summary.monitoring_cpu_by_stage as of this snapshot): which
+    stage a stretch's cost went to (experiments/cost-phases.py)"""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -104,6 +104,15 @@ def test_run_on_the_foreign_kdamonds_events_backs_the_hot_buffer_and_writes_no_d
     # Each snapshot's stage CPU so far: it only grows, up to the summary's by stage.
     cpu = [e["stage_cpu_s"] for e in report["timeline"]]
     assert cpu == sorted(cpu) and 0 < cpu[-1] <= sum(s["monitoring_cpu_by_stage"].values()) + 1e-3
+    # And stage by stage: each stage only grows, the stages add up to the entry's sum, and the
+    # last entry's are the summary's (nothing is measured after the last snapshot).
+    by_stage = [e["stage_cpu_by_stage_s"] for e in report["timeline"]]
+    for stage in s["monitoring_cpu_by_stage"]:
+        grows = [b.get(stage, 0.0) for b in by_stage]
+        assert grows == sorted(grows), stage
+    for b, total in zip(by_stage, cpu, strict=True):
+        assert abs(sum(b.values()) - total) < 1e-3
+    assert by_stage[-1] == s["monitoring_cpu_by_stage"]
     assert s["source"]["name"] == "passive"
     assert s["source"]["kdamond_pid"] == kdamond_pid
     assert s["source"]["reader"] == "event stream + pagemap reverse map"
