@@ -235,9 +235,10 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 # (f9f6c8d, two VMs at once in a slow hour; results.jsonl of each VM), where the table before
 # it had test_sources at 170 s a test (65 measured) and test_agent at 70 (93): the VM holding
 # test_agent ran 1,717 s while the one holding test_sources ended after 960, and the tier took
-# 2,500 s where the same tests packed by these figures take ~2,150. The lts kernel's from the
-# vm tier run of 2026-11-28 (two VMs at once): its VM ran alone on 2026-11-29, which is no
-# measure of a VM sharing the host (each test there took 0.65-0.75 times these). A test not
+# 2,500 s where the same tests packed by these figures take ~2,150 (vm_runs.plan and makespan
+# over that run's durations). The lts kernel's from the vm tier run of 2026-11-28 (two VMs at
+# once): its VM ran alone on 2026-11-29, which is no measure of a VM sharing the host (its
+# modules took 0.66-0.86 times these there). A test not
 # listed counts DEFAULT_TEST_SECONDS.
 TEST_SECONDS: dict[tuple[str, str], float] = {
     ("test_agent.py", "7.3"): 93, ("test_agent.py", "6.12"): 90,
