@@ -124,8 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report = json.loads(path.read_text())
             results[str(path)] = phases(report, args.steady_after_s)
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except json.JSONDecodeError as err:
+            print(f"cost-phases: {path}: not JSON ({err}); give the file `damon-hp run --json "
+                  "FILE` wrote", file=sys.stderr)
+            return 1
+        except (OSError, ValueError) as err:
             print(f"cost-phases: {path}: {err}", file=sys.stderr)
+            return 1
+        except (KeyError, TypeError) as err:
+            print(f"cost-phases: {path}: not the --json of `damon-hp run` or `attach` (no {err} "
+                  "where one is expected); give the file `--json FILE` wrote", file=sys.stderr)
             return 1
     if args.json:
         print(json.dumps(results, indent=2))

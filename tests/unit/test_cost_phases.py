@@ -64,6 +64,9 @@ def test_a_run_made_before_the_timeline_had_stages_is_refused(run: dict, tmp_pat
     (tmp_path / "bad.json").write_text("{")
     assert cost_phases.main([str(tmp_path / "bad.json")]) == 1
     assert cost_phases.main([str(tmp_path / "missing.json")]) == 1
+    (tmp_path / "other.json").write_text(json.dumps({"runs": []}))
+    assert cost_phases.main([str(tmp_path / "other.json")]) == 1
+    assert "not the --json of `damon-hp run`" in capsys.readouterr().err
 
 
 def test_the_text_and_json_outputs_name_every_stage(run: dict, tmp_path: Path,
