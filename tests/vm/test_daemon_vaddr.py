@@ -115,7 +115,10 @@ def _running_kdamonds() -> dict[int, list[int]]:
         targets = [int(io.read(t / "pid_target")) for t in io.numbered_dirs(tdir)]
         if int(io.read(tdir / "nr_targets")) != len(targets):
             raise TornRead(f"{tdir}: nr_targets and {targets} disagree")
-        out[int(io.read(d / "pid"))] = targets
+        pid = int(io.read(d / "pid"))
+        if pid == -1:  # it stopped between the state and pid reads (pid_show with no kdamond)
+            raise TornRead(f"{d}: state on, pid -1")
+        out[pid] = targets
     return out
 
 
