@@ -2,9 +2,12 @@
 """CPU per aggregation of the two pipeline stages that need no live process (issue 26). Not a
 test.
 
-  reader  the event reader's Python (events.AggregatedEventStream fed the bytes trace_pipe
-          gave): the recorded trace_pipe text of two aggregations of this host's foreign
-          kdamond (tests/fixtures/damon-aggregated-paddr-host-6.18.txt), fed in 64 KiB reads;
+  reader  the event reader's Python, both ways it reads: the per-CPU trace_pipe_raw pages it
+          reads where tracefs gives their layout (raw_reader.py: decode_pages, then the
+          assembler's feed_array), from tests/fixtures/damon-raw-paddr-host-6.18.json.gz; and
+          the trace_pipe text it falls back to (text_reader.TextFeed, fed in 64 KiB reads),
+          the recorded text of this host's foreign kdamond
+          (tests/fixtures/damon-aggregated-paddr-host-6.18.txt);
   decide  the decision rule (policy.decide + record_outcomes) over the recorded passive run
           of hotcold 1 GiB / 3 GiB (tests/fixtures/passive-hotcold-1g-3g-host-6.18.json.gz),
           with the target's two buffers as its mappings, or each cut into pieces
@@ -21,6 +24,8 @@ for comparing two commits on one machine. Compare commits by running this file f
 from __future__ import annotations
 
 import argparse
+import base64
+import gzip
 import json
 import sys
 import time
@@ -29,32 +34,70 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT / "agent"))  # after PYTHONPATH: another commit's agent comes first
 
-from damon_hp.damon.events import AggregatedEventStream  # noqa: E402
+from damon_hp.damon.assembler import SnapshotAssembler  # noqa: E402
+from damon_hp.damon.event_pages import (  # noqa: E402
+    AGGREGATED_FIELDS,
+    TUNE_FIELDS,
+    decode_pages,
+    page_layout,
+    record_layout,
+)
 from damon_hp.damon.model import Recording  # noqa: E402
+from damon_hp.damon.text_reader import TextFeed  # noqa: E402
+from damon_hp.numpy_lean import np  # noqa: E402
 from damon_hp.pipeline import params_for_source  # noqa: E402
 from damon_hp.policy import PolicyParams, PolicyState, decide, record_outcomes  # noqa: E402
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange  # noqa: E402
 
 TRACE = ROOT / "tests/fixtures/damon-aggregated-paddr-host-6.18.txt"
+RAW = ROOT / "tests/fixtures/damon-raw-paddr-host-6.18.json.gz"
 PASSIVE = ROOT / "tests/fixtures/passive-hotcold-1g-3g-host-6.18.json.gz"
 READ_BYTES = 1 << 16
 
 
 def reader_ms(reps: int) -> tuple[float, int]:
-    """Fastest ms per aggregation, and regions per aggregation."""
+    """Text: fastest ms per aggregation, and regions per aggregation."""
     lines = [ln for ln in TRACE.read_text().splitlines(keepends=True) if not ln.startswith("#")]
     data = "".join(lines).encode()
     best, snaps = float("inf"), 0
     for _ in range(reps):
-        stream = AggregatedEventStream(77, sample_us=500_000, aggr_us=5_000_000)
+        feed = TextFeed(follow_tuning=False)
+        assembler = SnapshotAssembler(sample_us=500_000, aggr_us=5_000_000, clock=None)
+        got = []
         t0 = time.process_time()
         for i in range(0, len(data), READ_BYTES):
-            stream._feed_bytes(data[i:i + READ_BYTES])
+            got += feed.feed_bytes(data[i:i + READ_BYTES], assembler)[0]
         best = min(best, time.process_time() - t0)
-        snaps = len(stream._ready)
+        snaps = len(got)
     if snaps == 0:
         sys.exit("bench-pure-stages: the recorded trace gave no snapshot")
     return 1e3 * best / snaps, len(lines) // snaps
+
+
+def raw_reader_ms(reps: int) -> tuple[float, int]:
+    """Pages: fastest ms per aggregation, and regions per aggregation. As RawPipes.read_events
+    does: each CPU's pages decoded, merged by time, then assembled."""
+    with gzip.open(RAW, "rt") as f:
+        rec = json.load(f)
+    page = page_layout(rec["header_page"])
+    agg = record_layout(rec["format"], AGGREGATED_FIELDS)
+    tune = record_layout(rec["tune_format"], TUNE_FIELDS)
+    by_cpu: dict[int, list[bytes]] = {}
+    for cpu, raw in rec["pages"]:
+        by_cpu.setdefault(cpu, []).append(base64.b64decode(raw))
+    best, snaps, regions = float("inf"), [], 0
+    for _ in range(reps):
+        assembler = SnapshotAssembler(sample_us=500_000, aggr_us=5_000_000, clock=None)
+        t0 = time.process_time()
+        events = np.concatenate([decode_pages(p, page, agg, tune).events
+                                 for p in by_cpu.values()])
+        events = events[np.argsort(events["timestamp_s"], kind="stable")]
+        snaps = assembler.feed_array(events)
+        best = min(best, time.process_time() - t0)
+        regions = len(events)
+    if not snaps:
+        sys.exit("bench-pure-stages: the recorded pages gave no snapshot")
+    return 1e3 * best / len(snaps), regions // len(snaps)
 
 
 def cut(r: AddrRange, pieces: int) -> list[AddrRange]:
@@ -96,14 +139,18 @@ def main() -> int:
         ap.error(f"--mappings: comma-separated integers, not {args.mappings!r}")
     if args.reps < 1 or any(c < 1 for c in counts):
         ap.error("--reps and every --mappings count must be at least 1")
+    raw, raw_regions = raw_reader_ms(args.reps)
     reader, regions = reader_ms(args.reps)
     decided = [(*decide_ms(args.reps, c),) for c in counts]
     if args.json:
-        print(json.dumps({"reader_ms_per_aggregation": round(reader, 3), "regions": regions,
+        print(json.dumps({"raw_reader_ms_per_aggregation": round(raw, 3),
+                          "raw_regions": raw_regions,
+                          "reader_ms_per_aggregation": round(reader, 3), "regions": regions,
                           "decide_ms_per_snapshot": {str(n): round(ms, 3)
                                                      for ms, n in decided}}))
         return 0
-    print(f"reader: {reader:.2f} ms per aggregation of {regions} regions")
+    print(f"reader, pages: {raw:.2f} ms per aggregation of {raw_regions} regions")
+    print(f"reader, text: {reader:.2f} ms per aggregation of {regions} regions")
     for ms, n in decided:
         print(f"decide: {ms:.2f} ms per snapshot, {n} mappings")
     return 0
