@@ -74,13 +74,14 @@ def huge_capable_bytes(ranges: Iterable[AddrRange]) -> int:
 
 def coalesce(starts: Iterable[int]) -> tuple[AddrRange, ...]:
     """Turn 2 MiB range starts into the fewest contiguous ranges."""
-    out: list[AddrRange] = []
+    # Bounds first, objects last: one AddrRange per result, not one per start merged.
+    spans: list[list[int]] = []
     for start in sorted(set(starts)):
-        if out and out[-1].end == start:
-            out[-1] = AddrRange(out[-1].start, start + HUGE_PAGE_BYTES)
+        if spans and spans[-1][1] == start:
+            spans[-1][1] = start + HUGE_PAGE_BYTES
         else:
-            out.append(huge_range(start))
-    return tuple(out)
+            spans.append([start, start + HUGE_PAGE_BYTES])
+    return tuple(AddrRange(lo, hi) for lo, hi in spans)
 
 
 # AddrRange's own order as a sort key: the generated __lt__ builds two tuples per comparison
@@ -90,13 +91,17 @@ BOUNDS = attrgetter("start", "end")
 
 def merge_adjacent(ranges: Iterable[AddrRange]) -> list[AddrRange]:
     """Merge touching or overlapping ranges."""
-    merged: list[AddrRange] = []
+    # Each merged range is made once, at the end: making one per range merged into it cost
+    # ~500 objects per snapshot for a hot set of 500 windows side by side. A range merged with
+    # nothing is returned as given.
+    spans: list[list] = []  # [start, end, the range given when nothing merged into it]
     for r in sorted(ranges, key=BOUNDS):
-        if merged and r.start <= merged[-1].end:
-            merged[-1] = AddrRange(merged[-1].start, max(merged[-1].end, r.end))
+        if spans and r.start <= spans[-1][1]:
+            last = spans[-1]
+            last[1], last[2] = max(last[1], r.end), None
         else:
-            merged.append(r)
-    return merged
+            spans.append([r.start, r.end, r])
+    return [r if r is not None else AddrRange(lo, hi) for lo, hi, r in spans]
 
 
 def _sorted_disjoint(ranges: list[AddrRange]) -> bool:

@@ -64,14 +64,22 @@ class RangeHeat:
 def range_heat(snapshot: SnapshotLike, starts: Iterable[int]) -> dict[int, RangeHeat]:
     """RangeHeat of each 2 MiB range in `starts`, from the regions overlapping it.
 
-    Regions are sorted; a two-pointer walk keeps this linear in regions + ranges.
+    Regions are sorted; a two-pointer walk keeps this linear in regions + ranges. When their
+    ends rise with their starts (DAMON's regions of one target never overlap), the walk jumps
+    to each range's first region by bisection: the policy asks for the few hot ranges not yet
+    huge, and stepping over every region of a 4 GiB target's ~2,000 windows to reach them was
+    most of this function's cost.
     """
     regions = sorted(snapshot.regions, key=_START)
+    ends = [r.end for r in regions]
+    jump = ends == sorted(ends)
     max_acc = snapshot.max_nr_accesses
     heat: dict[int, RangeHeat] = {}
     i = 0
     for start in sorted(set(starts)):
         end = start + HUGE_PAGE_BYTES
+        if jump:
+            i = bisect_right(ends, start, lo=i)
         while i < len(regions) and regions[i].end <= start:
             i += 1
         weighted = 0.0
@@ -97,18 +105,18 @@ def hot_region_readings(snapshot: SnapshotLike,
     its access frequency (percent of the snapshot's samples)."""
     max_acc = snapshot.max_nr_accesses
     aggr_s = snapshot.aggr_us / 1e6
-    regions = snapshot.regions
-    if params.hot_access_pct > 0:
-        # A region never accessed reads 0 %: most of a large target's, skipped unread.
-        regions = [r for r in regions if r.nr_accesses > 0]
-    readings = ((r, access_pct(r.nr_accesses, max_acc)) for r in regions)
-    return sorted(
-        ((AddrRange(r.start, r.end), pct)
-         for r, pct in readings
-         if pct >= params.hot_access_pct
-         and r.age * aggr_s >= params.min_hot_age_s
-         and r.end > r.start),
-        key=lambda reading: (reading[0].start, reading[0].end, reading[1]))
+    hot_pct, min_age_s = params.hot_access_pct, params.min_hot_age_s
+    # One plain loop, bounds as tuples, an AddrRange made only for each region kept: a 4 GiB
+    # target's snapshot has ~2,000 windows, ~500 of them hot (2026-11-29 profile).
+    kept: list[tuple[int, int, float]] = []
+    for r in snapshot.regions:
+        if hot_pct > 0 and r.nr_accesses <= 0:
+            continue  # a region never accessed reads 0 %: most of a large target's
+        pct = access_pct(r.nr_accesses, max_acc)
+        if pct >= hot_pct and r.age * aggr_s >= min_age_s and r.end > r.start:
+            kept.append((r.start, r.end, pct))
+    kept.sort()
+    return [(AddrRange(lo, hi), pct) for lo, hi, pct in kept]
 
 
 def hot_regions(snapshot: SnapshotLike, params: PolicyParams) -> list[AddrRange]:

@@ -17,7 +17,7 @@ from damon_hp.ranges import HUGE_PAGE_BYTES, PAGES_PER_HUGE, AddrRange, coalesce
 
 from .hotset import HotSet, RangeHeat, SnapshotLike, hot_set, range_heat
 from .params import MIB, PolicyParams
-from .state import UNMAPPED, Decision, Huge, PolicyState, RangeState, Streak
+from .state import EMPTY, UNMAPPED, Decision, Huge, PolicyState, RangeState, Streak
 
 _EPS = 1e-9
 
@@ -69,7 +69,7 @@ def advance_streaks(ranges: dict[int, RangeState], hot: HotSet, heat: Mapping[in
     aggr_s = snapshot.aggr_us / 1e6
     hot_lookup = set(hot.ranges)
     for start in hot_lookup | {s for s, r in ranges.items() if r.streak is not None}:
-        rec = ranges.get(start, RangeState())
+        rec = ranges.get(start, EMPTY)
         if rec.huge is not None or start in withheld:
             continue
         s = rec.streak
@@ -158,7 +158,7 @@ def ready_ranges(ranges: dict[int, RangeState], hot: HotSet, snapshot: SnapshotL
     ready: list[int] = []
     held = 0
     for start in hot.ranges:
-        rec = ranges.get(start, RangeState())
+        rec = ranges.get(start, EMPTY)
         if (rec.huge is not None or start in withheld
                 or not evidence_suffices(rec.streak, now, params)):
             continue
@@ -355,7 +355,7 @@ def record_outcomes(state: PolicyState, outcomes: Mapping[int, str | None],
     """
     ranges = dict(state.ranges)
     for start, error in outcomes.items():
-        rec = ranges.get(start, RangeState())
+        rec = ranges.get(start, EMPTY)
         if error == UNMAPPED:
             ranges.pop(start, None)
         elif error is None:

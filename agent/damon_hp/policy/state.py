@@ -95,7 +95,8 @@ class RangeState:
                 and self.remarked_at is None and self.retry_at is None and not self.failures)
 
 
-_EMPTY = RangeState()
+EMPTY = RangeState()
+"""The record of a range the policy remembers nothing of (frozen, so one serves all)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class PolicyState:
     last_taken_at_s: float | None = None
 
     def get(self, start: int) -> RangeState:
-        return self.ranges.get(start, _EMPTY)
+        return self.ranges.get(start, EMPTY)
 
     @property
     def promoted_last_hot(self) -> dict[int, float]:
