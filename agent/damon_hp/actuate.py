@@ -325,6 +325,15 @@ class Applied:
         return not (self.collapses or self.adopted or self.damos_collapses or self.demotions
                     or self.recollapses or self.commit is not None)
 
+    @property
+    def only_collapses(self) -> tuple[int, ...] | None:
+        """The ranges our MADV_COLLAPSE calls made huge, when those calls were all that was
+        done to the target's page tables (marks, demotions, re-collapses and DAMOS collapses
+        aside; an adopted range was huge already); None otherwise."""
+        if self.damos_collapses or self.demotions or self.recollapses or self.commit is not None:
+            return None
+        return tuple(r.start for r in self.collapses if r.error is None)
+
     def action_records(self) -> list[dict[str, Any]]:
         """One dict per action, for the report (without the time stamp)."""
         recs = [r.to_dict() for r in (*self.damos_collapses, *self.collapses, *self.recollapses,

@@ -277,7 +277,8 @@ class Agent:
                                  "ranges_reused": frames.ranges_reused,
                                  "windows_read": frames.windows_read,
                                  "windows_verified": frames.windows_verified,
-                                 "scans_skipped": frames.scans_skipped}
+                                 "scans_skipped": frames.scans_skipped,
+                                 "scans_spared": frames.scans_spared}
         status = obs.status
         entry = report.TimelineEntry(
             t_s=snap.taken_at_s - self.started_at,

@@ -4,6 +4,7 @@ so, for FrameReader (frame_reader.py), which re-reads pagemap only when they mov
     page_counters(pid) -> (moves | None, churn)    the machine's counters and the process's own
     with shared_machine_counters(): ...             one read of the machine's for a whole round
     with own_collapses(pid): ...                    our collapses of one process, told apart
+    own_collapse_count(pid) -> int                  how many of those so far
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ def own_collapses(pid: int) -> Iterator[None]:
         rise = _collapse_allocs() - before
         _own_by_pid[pid] = _own_by_pid.get(pid, 0) + rise
         _own_total[0] += rise
+
+
+def own_collapse_count(pid: int) -> int:
+    """The collapses (huge folios allocated) `own_collapses` has put down to `pid` so far."""
+    return _own_by_pid.get(pid, 0)
 
 
 def forget_pid(pid: int) -> None:

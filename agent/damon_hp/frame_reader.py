@@ -14,7 +14,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 
-from damon_hp.frame_moves import page_counters
+from damon_hp.frame_moves import own_collapse_count, page_counters
 from damon_hp.frames import (
     ENTRY_BYTES,
     WINDOW_PAGES,
@@ -29,7 +29,7 @@ from damon_hp.frames import (
     scan_present,
 )
 from damon_hp.numpy_lean import np
-from damon_hp.procfs import PAGE_IS_HUGE, open_pagemap
+from damon_hp.procfs import PAGE_IS_HUGE, PAGE_IS_PRESENT, open_pagemap
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES, AddrRange, merge_adjacent
 
 # Re-read every frame of a range at least this often even when nothing says one moved: a bound
@@ -102,22 +102,38 @@ class FrameReader:
         self.windows_read = 0  # 2 MiB windows re-read within otherwise unchanged ranges
         self.windows_verified = 0  # 2 MiB windows re-read by `verify`
         self.scans_skipped = 0  # reads that took the stretches as they were (nothing changed)
+        self.scans_spared = 0  # reads that took them with our own collapses written in
+        self._collapsed: set[int] = set()
+        """2 MiB windows our MADV_COLLAPSE calls made huge since the last read (`collapsed`)"""
+        self._own = own_collapse_count(pid)
+
+    def collapsed(self, windows: Iterable[int]) -> None:
+        """Our MADV_COLLAPSE calls made these 2 MiB windows (starts) PMD-mapped, and did
+        nothing else to the target's page tables, since the last read."""
+        self._collapsed.update(windows)
 
     def read(self, ranges: Iterable[tuple[int, int]]) -> PageFrames:
         wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
         moves, churn = page_counters(self.pid, attributed=not self.eager)
+        own, collapsed = own_collapse_count(self.pid), self._collapsed
+        self._collapsed = set()
         now = self._clock()
         due = {rng for rng in wanted
                if rng not in self._full or now - self._full[rng][0] >= self._full[rng][1]}
-        if (not due and moves is not None and moves == self._moves and churn == self._churn
-                and wanted == self._wanted and self._scanned):
+        steady = not due and moves is not None and wanted == self._wanted and self._scanned
+        if steady and moves == self._moves and churn == self._churn:
             # Nothing that maps, unmaps, moves or collapses a page of the target happened
             # since the last read: its present stretches are as PAGEMAP_SCAN last gave them
             # (~10 ms of kernel walk per 4 GiB saved). What no counter shows waits for the
             # full read, as a move does.
             self.ranges_reused += len(wanted)
             self.scans_skipped += 1
+            self._own = own
             return self._frames()
+        if steady and collapsed and self._only_ours(moves, churn, own - self._own, collapsed):
+            self._own = own
+            return self._read_collapsed(wanted, moves, churn, collapsed)
+        self._own = own
         fd, path = open_pagemap(self.pid)
         try:
             present = scan_present(fd, path, wanted)
@@ -175,6 +191,60 @@ class FrameReader:
         self._full = periods
         self._moves, self._churn, self._ranges, self._wanted = moves, churn, fresh, wanted
         self._scanned = present is not None
+        return self._frames()
+
+    def _only_ours(self, moves: tuple[int, ...], churn: tuple[int, ...], own_rise: int,
+                   collapsed: set[int]) -> bool:
+        """Whether what the counters say happened since the last read is our collapses of
+        `collapsed` and nothing else in the target: the collapse count rose by as many huge
+        folios as our calls allocated, and by one per window they made huge (a call that
+        allocated and then failed leaves a count unexplained); no fault, swap-out, lazy free
+        or change of resident pages (a collapse that filled absent pages); no THP split. Page
+        migrations elsewhere may have moved (our collapses compact): as after any move,
+        kept windows are then only noted unverified (`read`), or, for an eager reader, that
+        needs the whole read anyway."""
+        old_moves, old_churn = self._moves, self._churn
+        if old_moves is None or not old_churn:
+            return False
+        if self.eager and moves != old_moves:
+            return False
+        return (moves[1:] == old_moves[1:]  # splits and the target's faults
+                and churn[1:] == old_churn[1:]
+                and churn[0] - old_churn[0] == own_rise == len(collapsed))
+
+    def _read_collapsed(self, wanted: tuple[tuple[int, int], ...], moves: tuple[int, ...],
+                        churn: tuple[int, ...], collapsed: set[int]) -> PageFrames:
+        """`read` after nothing but our own collapses (`_only_ours`): the present stretches
+        are the last ones with each collapsed window PMD-mapped, as MADV_COLLAPSE's success
+        says it is (mm/khugepaged.c: madvise_collapse returns 0 only once every range is
+        PMD-mapped); only those windows' entries are read again (their frames are the new
+        huge folio's). This spares the PAGEMAP_SCAN of the whole target after each
+        aggregation that collapsed anything: ~18 ms of kernel walk per 4 GiB, most of what a
+        collapsing aggregation cost beyond a steady one (docs/cost.md, 2026-11-29)."""
+        fd, path = open_pagemap(self.pid)
+        try:
+            if moves != self._moves:
+                # A page moved somewhere (compaction): as in `read`, every kept window not
+                # PMD-mapped is noted unverified, the collapsed ones read below.
+                now_huge = _huge_windows([v[0] for v in self._ranges.values()]) | collapsed
+                self.unverified.update(_windows_of(self._ranges.values()) - now_huge)
+            fresh: dict[tuple[int, int], tuple[tuple, list[FrameRun], Extents | None]] = {}
+            for rng in wanted:
+                stretches, runs, ext = self._ranges[rng]
+                mine = sorted(w for w in collapsed
+                              if w >= rng[0] and w + HUGE_PAGE_BYTES <= rng[1])
+                if not mine or ext is None:
+                    fresh[rng] = self._ranges[rng]
+                    self.ranges_reused += 1
+                    continue
+                fresh[rng] = (_with_huge(stretches, mine), *_patch(fd, path, rng, runs, ext,
+                                                                    mine))
+                self.unverified.difference_update(mine)
+                self.windows_read += len(mine)
+        finally:
+            os.close(fd)
+        self._moves, self._churn, self._ranges = moves, churn, fresh
+        self.scans_spared += 1
         return self._frames()
 
     @property
@@ -343,6 +413,38 @@ def _huge_windows(present: Sequence[Sequence[tuple[int, int, int]]] | None) -> s
                 first = lo + (-lo) % HUGE_PAGE_BYTES
                 out.update(range(first, hi - HUGE_PAGE_BYTES + 1, HUGE_PAGE_BYTES))
     return out
+
+
+def _with_huge(stretches: Sequence[tuple[int, int, int]] | None, windows: Iterable[int]
+               ) -> tuple[tuple[int, int, int], ...]:
+    """PAGEMAP_SCAN's stretches (start, end, categories; sorted, disjoint) with the 2 MiB
+    `windows` present and PMD-mapped, neighbours of equal categories joined as the kernel
+    joins them (pagemap_scan_output, fs/proc/task_mmu.c)."""
+    huge = PAGE_IS_PRESENT | PAGE_IS_HUGE
+    cuts = sorted((w, w + HUGE_PAGE_BYTES) for w in windows)
+    pieces: list[tuple[int, int, int]] = []
+    k = 0
+    for lo, hi, categories in stretches or ():
+        at = lo
+        while k < len(cuts) and cuts[k][1] <= at:
+            k += 1
+        j = k
+        while j < len(cuts) and cuts[j][0] < hi:
+            if cuts[j][0] > at:
+                pieces.append((at, cuts[j][0], categories))
+            at = max(at, cuts[j][1])
+            j += 1
+        if at < hi:
+            pieces.append((at, hi, categories))
+    pieces += [(a, b, huge) for a, b in cuts]
+    pieces.sort()
+    out: list[tuple[int, int, int]] = []
+    for lo, hi, categories in pieces:
+        if out and out[-1][1] == lo and out[-1][2] == categories:
+            out[-1] = (out[-1][0], hi, categories)
+        else:
+            out.append((lo, hi, categories))
+    return tuple(out)
 
 
 def _changed_windows(old: Sequence[tuple[int, int, int]], new: Sequence[tuple[int, int, int]]

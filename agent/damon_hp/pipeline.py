@@ -86,7 +86,9 @@ class FirstTouch:
         """The ranges to withhold from `snap`'s reading, given resident `counts` read at
         `looked_at_s` (the clock of snapshot times); without times, growth since the last look
         only."""
-        grown = frozenset(s for s, n in counts.items() if n > self._last.get(s, 0))
+        # Equal counts (a steady process: the dict comparison runs in C) grew nowhere.
+        grown = (frozenset() if counts == self._last
+                 else frozenset(s for s, n in counts.items() if n > self._last.get(s, 0)))
         carried: frozenset[int] = frozenset()
         if snap is not None and looked_at_s is not None:
             if (self._lag_s >= snap.sample_us / 1e6
@@ -336,6 +338,8 @@ class ProcessPipeline:
         # process's frame reader walk its page tables again (frame_moves.page_counters).
         with own_collapses(self.target.pid) if decision.promote else contextlib.nullcontext():
             applied = self.actuator.apply(decision, taken_at_s)
+        if self.frames is not None and (ours := applied.only_collapses):
+            self.frames.collapsed(ours)
         self.state = policy.record_outcomes(self.state, applied.outcomes, self.params,
                                             time.monotonic())
         copies = sum(r.cpu_seconds for r in (*applied.collapses, *applied.recollapses))

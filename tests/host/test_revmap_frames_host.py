@@ -414,3 +414,56 @@ def test_a_collapse_counted_as_another_process_s_makes_no_walk_here(child, spare
             break
     else:
         pytest.fail(f"no conclusive try of a collapse not counted as ours: {seen}")
+
+
+def test_a_read_after_only_our_own_collapses_spares_the_scan_and_is_never_stale(child):
+    """Told of the windows our own collapses made huge (pipeline.act: `FrameReader.collapsed`),
+    the next read writes them into the kept stretches and reads only their entries again,
+    without PAGEMAP_SCAN, and must still equal a fresh read (check_read: the new huge folio's
+    frames, PMD-mapped parts, the reverse map). A collapse, split or migration elsewhere on
+    the machine makes a try inconclusive (this reader is eager: any move makes it read whole):
+    several tries, each on a window of its own."""
+    from damon_hp.frame_moves import own_collapses
+
+    proc, layout = child
+    pid = layout["pid"]
+    reader = FrameReader(pid)
+    windows = iter(range(layout["start"], layout["end"], HUGE))
+    tries = []
+    for _ in range(6):
+        check_read(reader, pid)
+        w = next(windows)
+        old = pfns(read_page_frames(pid, ranges_of(pid)))[w]
+        with own_collapses(pid):
+            assert madvise(proc, w, HUGE, MADV_COLLAPSE) == "ok"
+        reader.collapsed([w])
+        spared, scans = reader.scans_spared, reader.windows_read
+        got = check_read(reader, pid)
+        assert pfns(got)[w] != old
+        tries.append((reader.scans_spared - spared, reader.windows_read - scans))
+        if tries[-1] == (1, 1):
+            break
+    else:
+        pytest.fail(f"(reads spared, windows read) after each collapse: {tries}")
+
+
+def test_a_collapse_beside_a_change_of_the_target_s_own_is_read_with_the_scan(child):
+    """Our collapse and, in the same interval, pages the target dropped itself (MADV_DONTNEED:
+    no fault, only its resident pages fall): the counters say more happened than our
+    collapse, so the read walks the page tables and finds both. (A drop smaller than the
+    per-CPU batches of the resident count does not show there, and waits for the full read
+    whether or not we collapsed: frame_moves.page_counters.)"""
+    from damon_hp.frame_moves import own_collapses
+
+    proc, layout = child
+    pid, start = layout["pid"], layout["start"]
+    reader = FrameReader(pid)
+    check_read(reader, pid)
+    with own_collapses(pid):
+        assert madvise(proc, start, HUGE, MADV_COLLAPSE) == "ok"
+    reader.collapsed([start])
+    assert madvise(proc, start + 4 * HUGE, HUGE, MADV_DONTNEED) == "ok"
+    spared = reader.scans_spared
+    got = check_read(reader, pid)
+    assert reader.scans_spared == spared
+    assert not any(start + 4 * HUGE <= a < start + 5 * HUGE for a in pfns(got))

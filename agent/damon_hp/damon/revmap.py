@@ -99,9 +99,13 @@ class VirtualAccess:
     def window_counts(self) -> dict[int, int]:
         """Resident pages per 2 MiB window (start -> pages; two mappings sharing a window add
         up), for windows holding any."""
+        windows = [start - start % HUGE_PAGE_BYTES for start in self.columns[0]]
+        if len(set(windows)) == len(windows):
+            # The usual case, no window shared, made in C: the loop below cost ~1 ms per
+            # aggregation of a 4 GiB target (2,048 windows).
+            return dict(zip(windows, self.columns[2], strict=True))
         counts: dict[int, int] = {}
-        for start, pages in zip(self.columns[0], self.columns[2], strict=True):
-            window = start - start % HUGE_PAGE_BYTES
+        for window, pages in zip(windows, self.columns[2], strict=True):
             counts[window] = counts.get(window, 0) + pages
         return counts
 
