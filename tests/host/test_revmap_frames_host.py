@@ -467,3 +467,36 @@ def test_a_collapse_beside_a_change_of_the_target_s_own_is_read_with_the_scan(ch
     got = check_read(reader, pid)
     assert reader.scans_spared == spared
     assert not any(start + 4 * HUGE <= a < start + 5 * HUGE for a in pfns(got))
+
+
+def test_a_lazy_reader_reads_with_the_scan_when_the_target_faulted_more_than_our_collapse(
+        spare_child):
+    """A lazy reader lets the target fault once per window we collapsed (it touched the window
+    while MADV_COLLAPSE held it unmapped), not more: pages given new frames by the target's
+    own faults in the same interval (`refault`: dropped and written again, so the resident
+    pages do not change) make the read walk the page tables. Being lazy, it notes the kept
+    windows unverified after the faults, and reads the refaulted one's new frames as soon as
+    it is verified (as it is when it reads hot)."""
+    from damon_hp.frame_moves import own_collapses
+
+    proc, layout = spare_child
+    pid, start = layout["pid"], layout["start"]
+    reader = FrameReader(pid, eager=False)
+    check_read(reader, pid)
+    with own_collapses(pid):
+        assert madvise(proc, start, HUGE, MADV_COLLAPSE) == "ok"
+    reader.collapsed([start])
+    moved = start + 4 * HUGE
+
+    def frame() -> int:
+        return pfns(read_page_frames(pid, ranges_of(pid)))[moved]
+
+    old = frame()
+    assert refault(proc, moved, HUGE) == "ok"
+    assert frame() != old
+    spared = reader.scans_spared
+    reader.read(ranges_of(pid))
+    assert reader.scans_spared == spared
+    assert moved in reader.unverified and start not in reader.unverified
+    checked = reader.verify([moved])
+    assert checked is not None and pfns(checked)[moved] == frame()
