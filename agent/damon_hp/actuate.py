@@ -327,12 +327,14 @@ class Applied:
 
     @property
     def only_collapses(self) -> tuple[int, ...] | None:
-        """The ranges our MADV_COLLAPSE calls made huge, when those calls were all that was
-        done to the target's page tables (marks, demotions, re-collapses and DAMOS collapses
-        aside; an adopted range was huge already); None otherwise."""
-        if self.damos_collapses or self.demotions or self.recollapses or self.commit is not None:
+        """The ranges our MADV_COLLAPSE calls made huge, when those calls all succeeded and
+        were all that was done to the target's page tables (no mark, demotion, re-collapse or
+        DAMOS collapse; an adopted range was huge already); None otherwise. A failed collapse
+        may have split or compacted on its way, as `touched_nothing` says."""
+        if (self.damos_collapses or self.demotions or self.recollapses or self.commit is not None
+                or any(r.error is not None for r in self.collapses)):
             return None
-        return tuple(r.start for r in self.collapses if r.error is None)
+        return tuple(r.start for r in self.collapses)
 
     def action_records(self) -> list[dict[str, Any]]:
         """One dict per action, for the report (without the time stamp)."""

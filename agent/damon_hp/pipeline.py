@@ -27,7 +27,14 @@ from damon_hp.damon.model import Snapshot
 from damon_hp.frame_moves import own_collapses
 from damon_hp.frame_reader import FrameReader
 from damon_hp.frames import PageFrames
-from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, intersect, merge_adjacent, subtract
+from damon_hp.ranges import (
+    HUGE_PAGE_BYTES,
+    AddrRange,
+    huge_range,
+    intersect,
+    merge_adjacent,
+    subtract,
+)
 
 # A physical (reverse-mapped) source's regions mix frames of many virtual ranges and of every
 # process, so a cold range reads somewhat accessed whenever its frames share a region with busy
@@ -266,6 +273,26 @@ class Observer:
         return counts
 
 
+def huge_after(read: list[AddrRange] | None, applied: actuate.Applied,
+               mappings: list[AddrRange]) -> list[AddrRange] | None:
+    """The PMD-mapped parts of `mappings` once `applied` is done, from those a frame read
+    before it found (`read`: FrameReader.huge_parts, None when unknown), when `applied` did
+    nothing to the target, or nothing but collapses that all succeeded: MADV_COLLAPSE returns
+    0 only once its range is PMD-mapped (madvise_collapse, mm/khugepaged.c), so those ranges
+    are added, as are the adopted ones (found PMD-mapped at the act). None when anything else
+    was done (walk the page tables). Saves that walk, ~3-5 ms per 4 GiB target, after every
+    aggregation that promoted too."""
+    if read is None:
+        return None
+    if applied.touched_nothing:
+        return read
+    ours = applied.only_collapses
+    if ours is None:
+        return None
+    made = [huge_range(s) for s in (*ours, *applied.adopted)]
+    return merge_adjacent([*read, *intersect(made, sorted(mappings))])
+
+
 def mappings_of(maps: list[procfs.Vma]) -> list[AddrRange]:
     """The private anonymous mappings: where a collapse is possible."""
     return [m.range for m in maps if m.anonymous_private]
@@ -315,12 +342,11 @@ class ProcessPipeline:
 
     def huge_as_read(self, applied: actuate.Applied,
                      mappings: list[AddrRange]) -> list[AddrRange] | None:
-        """The PMD-mapped parts of `mappings` as this aggregation's frame read found them, when
-        `applied` did nothing to the target since (FrameReader.huge_parts); None: walk the page
-        tables."""
-        if self.frames is None or not applied.touched_nothing:
+        """The PMD-mapped parts of `mappings` after `applied`, from this aggregation's frame
+        read (`huge_after`); None: walk the page tables."""
+        if self.frames is None:
             return None
-        return self.frames.huge_parts(mappings)
+        return huge_after(self.frames.huge_parts(mappings), applied, mappings)
 
     def settle(self) -> actuate.Applied:
         """After the kdamond stopped: the DAMOS collapses that landed since the last snapshot

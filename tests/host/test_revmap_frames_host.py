@@ -500,3 +500,35 @@ def test_a_lazy_reader_reads_with_the_scan_when_the_target_faulted_more_than_our
     assert moved in reader.unverified and start not in reader.unverified
     checked = reader.verify([moved])
     assert checked is not None and pfns(checked)[moved] == frame()
+
+
+def test_the_huge_parts_after_our_collapses_are_what_a_walk_finds(child):
+    """After collapses that all took (process_madvise, as the agent makes them), the agent
+    measures what is huge from the frame read before them with their ranges added
+    (pipeline.huge_after) instead of walking the page tables: it must be what a PAGEMAP_SCAN
+    finds then. With a failed collapse among them it answers nothing (the walk is made)."""
+    from damon_hp.actuate import Applied, Target, collapse
+    from damon_hp.pipeline import huge_after
+
+    _, layout = child
+    pid, start = layout["pid"], layout["start"]
+    mappings = [AddrRange(lo, hi) for lo, hi in ranges_of(pid)]
+    reader = FrameReader(pid)
+    reader.read(ranges_of(pid))
+    target = Target.open(pid)
+    files = ProcessFiles(pid)
+    try:
+        applied = Applied(collapses=collapse(target, [start + HUGE, start + 2 * HUGE,
+                                                      start + 5 * HUGE]))
+        assert [r.error for r in applied.collapses] == [None, None, None]
+        got = huge_after(reader.huge_parts(mappings), applied, mappings)
+        assert got is not None and got == merge_adjacent(files.huge_regions_in(mappings))
+        assert {start + HUGE, start + 2 * HUGE, start + 5 * HUGE} <= {
+            w for r in got for w in range(r.start, r.end, HUGE)}
+        unmapped = max(m.end for m in mappings) + (1 << 30)
+        failed = Applied(collapses=[*applied.collapses, *collapse(target, [unmapped])])
+        assert failed.collapses[-1].error is not None
+        assert huge_after(reader.huge_parts(mappings), failed, mappings) is None
+    finally:
+        files.close()
+        target.close()
