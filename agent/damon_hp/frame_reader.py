@@ -78,6 +78,10 @@ class FrameReader:
     reading a 4 GiB target whole at every such aggregation was the agent's largest cost. A
     window whose frames moved and that reads idle through its old frames is only late: it is
     read again at the next full read.
+    After an aggregation whose only change to the target was our own collapses (the pipeline
+    says which windows with `collapsed`, and the counters rose by exactly those: `_only_ours`),
+    the kept stretches take the collapsed windows as PMD-mapped and only those windows'
+    entries are read again: no PAGEMAP_SCAN after each aggregation that promoted.
     The counters are read before the page tables, so a move during a read shows as a change at
     the next one. Each range is read whole once its own full-read period (FULL_READ_EVERY_S,
     growing while its reads find nothing that no counter showed) has passed, and without
