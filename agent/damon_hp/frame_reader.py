@@ -121,8 +121,9 @@ class FrameReader:
     def read(self, ranges: Iterable[tuple[int, int]]) -> PageFrames:
         wanted = tuple(sorted((int(lo), int(hi)) for lo, hi in ranges if hi > lo))
         moves, churn = page_counters(self.pid, attributed=not self.eager)
-        own, collapsed = own_collapse_count(self.pid), self._collapsed
-        self._collapsed = set()
+        own = own_collapse_count(self.pid)
+        own_rise, self._own = own - self._own, own
+        collapsed, self._collapsed = self._collapsed, set()
         now = self._clock()
         due = {rng for rng in wanted
                if rng not in self._full or now - self._full[rng][0] >= self._full[rng][1]}
@@ -134,12 +135,9 @@ class FrameReader:
             # full read, as a move does.
             self.ranges_reused += len(wanted)
             self.scans_skipped += 1
-            self._own = own
             return self._frames()
-        if steady and collapsed and self._only_ours(moves, churn, own - self._own, collapsed):
-            self._own = own
+        if steady and collapsed and self._only_ours(moves, churn, own_rise, collapsed):
             return self._read_collapsed(wanted, moves, churn, collapsed)
-        self._own = own
         fd, path = open_pagemap(self.pid)
         try:
             present = scan_present(fd, path, wanted)
