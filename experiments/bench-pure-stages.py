@@ -3,7 +3,7 @@
 test.
 
   reader  the event reader's Python, both ways it reads: the per-CPU trace_pipe_raw pages it
-          reads where tracefs gives their layout (raw_reader.py: decode_pages, then the
+          reads where tracefs gives their layout (raw_reader.decode_cpus, then the
           assembler's feed_array), from tests/fixtures/damon-raw-paddr-host-6.18.json.gz; and
           the trace_pipe text it falls back to (text_reader.TextFeed, fed in 64 KiB reads),
           the recorded text of this host's foreign kdamond
@@ -38,13 +38,12 @@ from damon_hp.damon.assembler import SnapshotAssembler  # noqa: E402
 from damon_hp.damon.event_pages import (  # noqa: E402
     AGGREGATED_FIELDS,
     TUNE_FIELDS,
-    decode_pages,
     page_layout,
     record_layout,
 )
 from damon_hp.damon.model import Recording  # noqa: E402
+from damon_hp.damon.raw_reader import RawLayouts, decode_cpus  # noqa: E402
 from damon_hp.damon.text_reader import TextFeed  # noqa: E402
-from damon_hp.numpy_lean import np  # noqa: E402
 from damon_hp.pipeline import params_for_source  # noqa: E402
 from damon_hp.policy import PolicyParams, PolicyState, decide, record_outcomes  # noqa: E402
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange  # noqa: E402
@@ -75,13 +74,13 @@ def reader_ms(reps: int) -> tuple[float, int]:
 
 
 def raw_reader_ms(reps: int) -> tuple[float, int]:
-    """Pages: fastest ms per aggregation, and regions per aggregation. As RawPipes.read_events
-    does: each CPU's pages decoded, merged by time, then assembled."""
+    """Pages: fastest ms per aggregation, and regions per aggregation: what RawPipes.read does
+    with what it read (raw_reader.decode_cpus, then the assembler)."""
     with gzip.open(RAW, "rt") as f:
         rec = json.load(f)
-    page = page_layout(rec["header_page"])
-    agg = record_layout(rec["format"], AGGREGATED_FIELDS)
-    tune = record_layout(rec["tune_format"], TUNE_FIELDS)
+    layouts = RawLayouts(page_layout(rec["header_page"]),
+                         record_layout(rec["format"], AGGREGATED_FIELDS),
+                         record_layout(rec["tune_format"], TUNE_FIELDS))
     by_cpu: dict[int, list[bytes]] = {}
     for cpu, raw in rec["pages"]:
         by_cpu.setdefault(cpu, []).append(base64.b64decode(raw))
@@ -89,12 +88,10 @@ def raw_reader_ms(reps: int) -> tuple[float, int]:
     for _ in range(reps):
         assembler = SnapshotAssembler(sample_us=500_000, aggr_us=5_000_000, clock=None)
         t0 = time.process_time()
-        events = np.concatenate([decode_pages(p, page, agg, tune).events
-                                 for p in by_cpu.values()])
-        events = events[np.argsort(events["timestamp_s"], kind="stable")]
-        snaps = assembler.feed_array(events)
+        got = decode_cpus(by_cpu.values(), layouts)
+        snaps = assembler.feed_array(got.events) if got is not None else []
         best = min(best, time.process_time() - t0)
-        regions = len(events)
+        regions = len(got.events) if got is not None else 0
     if not snaps:
         sys.exit("bench-pure-stages: the recorded pages gave no snapshot")
     return 1e3 * best / len(snaps), regions // len(snaps)

@@ -16,6 +16,7 @@ torn one), as it does for lost events.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,23 +113,7 @@ class RawPipes:
     def read_events(self) -> Decoded | None:
         """Everything the CPUs' buffers hold now, merged by time, or None if they held
         nothing. OSError passes up (the instance is gone)."""
-        events, tunes, missed, missed_count = [], [], False, 0
-        for fd in self.fds:
-            pages = self._pages(fd)
-            if not pages:
-                continue
-            got = decode_pages(pages, self.layouts.page, self.layouts.aggregated,
-                               self.layouts.tune)
-            events.append(got.events)
-            tunes += got.tunes
-            missed |= got.missed
-            missed_count += got.missed_count
-        if not events:
-            return None
-        merged = events[0] if len(events) == 1 else np.concatenate(events)
-        if len(events) > 1:
-            merged = merged[np.argsort(merged["timestamp_s"], kind="stable")]
-        return Decoded(merged, sorted(tunes), missed, missed_count)
+        return decode_cpus((self._pages(fd) for fd in self.fds), self.layouts)
 
     def _pages(self, fd: int) -> list[bytes]:
         pages = []
@@ -141,6 +126,26 @@ class RawPipes:
                 break
             pages.append(page)
         return pages
+
+
+def decode_cpus(pages_by_cpu: Iterable[list[bytes]], layouts: RawLayouts) -> Decoded | None:
+    """The events of each CPU's pages (in that CPU's order), merged by time; None if no CPU
+    had a page. Pure: `RawPipes.read_events` feeds it what it read, benchmarks recordings."""
+    events, tunes, missed, missed_count = [], [], False, 0
+    for pages in pages_by_cpu:
+        if not pages:
+            continue
+        got = decode_pages(pages, layouts.page, layouts.aggregated, layouts.tune)
+        events.append(got.events)
+        tunes += got.tunes
+        missed |= got.missed
+        missed_count += got.missed_count
+    if not events:
+        return None
+    merged = events[0] if len(events) == 1 else np.concatenate(events)
+    if len(events) > 1:
+        merged = merged[np.argsort(merged["timestamp_s"], kind="stable")]
+    return Decoded(merged, sorted(tunes), missed, missed_count)
 
 
 def _subbuf_bytes(instance_fd: int) -> int:
