@@ -278,7 +278,8 @@ class Agent:
                                  "windows_read": frames.windows_read,
                                  "windows_verified": frames.windows_verified,
                                  "scans_skipped": frames.scans_skipped,
-                                 "scans_spared": frames.scans_spared}
+                                 "scans_spared": frames.scans_spared,
+                                 "scans_narrowed": frames.scans_narrowed}
         status = obs.status
         entry = report.TimelineEntry(
             t_s=snap.taken_at_s - self.started_at,

@@ -32,7 +32,13 @@ from damon_hp.frames import (
 from damon_hp.numpy_lean import np
 from damon_hp.procfs import PAGE_IS_HUGE, open_pagemap
 from damon_hp.ranges import HUGE_PAGE_BYTES, PAGE_BYTES, AddrRange, merge_adjacent
-from damon_hp.stretches import changed_windows, huge_windows, present_windows, with_huge
+from damon_hp.stretches import (
+    changed_windows,
+    huge_windows,
+    present_windows,
+    window_spans,
+    with_huge,
+)
 
 # Re-read every frame of a range at least this often even when nothing says one moved: a bound
 # on how long a move no signal below covers (another process writing into the target's
@@ -109,6 +115,7 @@ class FrameReader:
         self.windows_verified = 0  # 2 MiB windows re-read by `verify`
         self.scans_skipped = 0  # reads that took the stretches as they were (nothing changed)
         self.scans_spared = 0  # reads that took them with our own collapses written in
+        self.scans_narrowed = 0  # reads that walked only the ranges whose full read was due
         self._collapsed: set[int] = set()
         """2 MiB windows our MADV_COLLAPSE calls made huge since the last read (`collapsed`)"""
         self._own = own_collapse_count(pid)
@@ -140,7 +147,14 @@ class FrameReader:
             return self._read_collapsed(wanted, moves, churn, collapsed)
         fd, path = open_pagemap(self.pid)
         try:
-            present = scan_present(fd, path, wanted)
+            quiet = moves is not None and moves == self._moves and churn == self._churn
+            if due and quiet and wanted == self._wanted and self._scanned:
+                # Only full-read periods ran out and nothing moved (as for the reuse above):
+                # the other ranges keep their stretches and only the due ones are walked (a
+                # heap arena's periodic read walked a whole 4 GiB target, 25-40 ms).
+                present = self._present_of_due(fd, path, wanted, due)
+            else:
+                present = scan_present(fd, path, wanted)
             full = (present is None or moves is None or self._moves is None
                     or (self.eager and moves != self._moves))
             known = {} if full else {r: v for r, v in self._ranges.items() if r not in due}
@@ -160,7 +174,6 @@ class FrameReader:
             # with counters moved the change may be theirs, so the period stays. Resetting it
             # whenever the counters had moved kept it at 30 s for good while we collapse: the
             # machine-wide counters move at almost every aggregation then (2026-11-27).
-            quiet = moves is not None and moves == self._moves and churn == self._churn
             periods = {rng: self._full[rng] for rng in wanted if rng in self._full}
             for i, rng in enumerate(wanted):
                 stretches = present[i] if present is not None else None
@@ -197,6 +210,18 @@ class FrameReader:
         self._moves, self._churn, self._ranges, self._wanted = moves, churn, fresh, wanted
         self._scanned = present is not None
         return self._frames()
+
+    def _present_of_due(self, fd: int, path: str, wanted: tuple[tuple[int, int], ...],
+                        due: set[tuple[int, int]]
+                        ) -> tuple[tuple[tuple[int, int, int], ...], ...] | None:
+        """`scan_present` of the `due` ranges only, the kept stretches for the others."""
+        mine = [rng for rng in wanted if rng in due]
+        scanned = scan_present(fd, path, mine)
+        if scanned is None:
+            return None
+        of_due = dict(zip(mine, scanned, strict=True))
+        self.scans_narrowed += 1
+        return tuple(of_due[rng] if rng in due else self._ranges[rng][0] for rng in wanted)
 
     def _only_ours(self, moves: tuple[int, ...], churn: tuple[int, ...], own_rise: int,
                    collapsed: set[int]) -> bool:
@@ -332,13 +357,7 @@ def _moved_windows(fd: int, path: str, rng: tuple[int, int], runs: Sequence[Fram
                    windows: Sequence[int]) -> list[int]:
     """Those of `windows` (sorted 2 MiB starts) where pagemap now says anything else than
     `runs` (pages outside every run: not present); neighbours are read in one pread."""
-    spans: list[list[int]] = []
-    for w in windows:
-        a, b = max(w, rng[0]), min(w + HUGE_PAGE_BYTES, rng[1])
-        if spans and spans[-1][1] == a:
-            spans[-1][1] = b
-        elif a < b:
-            spans.append([a, b])
+    spans = window_spans(rng, windows)
     moved = []
     # Runs are in address order and disjoint: each span looks only at those from the last
     # one starting at or below it (a range of a scattered process has hundreds of runs).
@@ -372,14 +391,7 @@ def _slice(run: FrameRun, lo: int, hi: int) -> FrameRun:
 def _patch(fd: int, path: str, rng: tuple[int, int], runs: Sequence[FrameRun], ext: Extents,
            windows: Sequence[int]) -> tuple[list[FrameRun], Extents]:
     """`runs` and `ext` of range `rng` with the `windows` (2 MiB starts) read anew."""
-    lo, hi = rng
-    spans: list[tuple[int, int]] = []
-    for w in windows:
-        a, b = max(w, lo), min(w + HUGE_PAGE_BYTES, hi)
-        if spans and spans[-1][1] == a:
-            spans[-1] = (spans[-1][0], b)
-        elif a < b:
-            spans.append((a, b))
+    spans = window_spans(rng, windows)
     try:
         read = [FrameRun(a, read_entries(fd, a, b)) for a, b in spans]
     except OSError as e:

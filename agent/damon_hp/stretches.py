@@ -86,3 +86,17 @@ def changed_windows(old: Sequence[tuple[int, int, int]], new: Sequence[tuple[int
             first = lo - lo % HUGE_PAGE_BYTES
             windows.update(range(first, hi, HUGE_PAGE_BYTES))
     return sorted(windows)
+
+
+def window_spans(rng: tuple[int, int], windows: Iterable[int]) -> list[tuple[int, int]]:
+    """The 2 MiB `windows` (sorted starts) clipped to the range [lo, hi), neighbours joined:
+    what one pread each reads of them."""
+    lo, hi = rng
+    spans: list[tuple[int, int]] = []
+    for w in windows:
+        a, b = max(w, lo), min(w + HUGE_PAGE_BYTES, hi)
+        if spans and spans[-1][1] == a:
+            spans[-1] = (spans[-1][0], b)
+        elif a < b:
+            spans.append((a, b))
+    return spans

@@ -287,6 +287,48 @@ def test_a_range_that_changes_between_full_reads_holds_only_its_own_period(spare
         pytest.fail(f"the unchanged range's period never grew beside a changing one: {seen}")
 
 
+def test_a_read_when_only_one_range_is_due_walks_that_range_alone_and_is_never_stale(
+        spare_child):
+    """When nothing moved and only some ranges' full-read periods ran out, only those are
+    scanned and read (a periodic read of a small heap arena scanned a whole 4 GiB target); the
+    others keep their stretches and entries, and the result equals a fresh read."""
+    from damon_hp.frame_reader import FULL_READ_EVERY_S
+
+    proc, layout = spare_child
+    pid = layout["pid"]
+    mid = (layout["start"] + layout["end"]) // 2
+    assert madvise(proc, mid, layout["end"] - mid, MADV_NOHUGEPAGE) == "ok"
+    lower, upper = holding(pid, layout["start"]), holding(pid, mid)
+    tries = []
+    now = [0.0]
+    for _ in range(6):  # a counter moving on the machine between the reads: try again
+        now[0] = 0.0
+        reader = FrameReader(pid, eager=False, clock=lambda: now[0])
+        check_read(reader, pid)
+        # A kept entry of the lower half altered: its full read finds a change and keeps its
+        # period at 30 s, the upper half's doubles.
+        reader._ranges[lower][1][0].entries[0] ^= 1
+        now[0] += FULL_READ_EVERY_S
+        check_read(reader, pid)
+        assert reader.full_read_periods[lower] == FULL_READ_EVERY_S
+        if reader.full_read_periods[upper] == FULL_READ_EVERY_S:
+            tries.append("the upper half's period did not grow")
+            continue
+        now[0] += FULL_READ_EVERY_S
+        due = {rng for rng, (at, every) in reader._full.items() if now[0] - at >= every}
+        assert lower in due and upper not in due
+        narrowed, read = reader.scans_narrowed, reader.ranges_read
+        check_read(reader, pid)
+        if reader.scans_narrowed == narrowed:
+            tries.append("a counter moved")
+            continue
+        assert reader.ranges_read - read == len(due)
+        assert reader._full[upper][0] == FULL_READ_EVERY_S, "the upper half was read whole"
+        break
+    else:
+        pytest.fail(f"never a read with only some ranges due and nothing moved: {tries}")
+
+
 def test_a_full_read_that_finds_the_kept_frames_doubles_the_period_though_counters_moved(
         child, spare_child):
     """A collapse in another process just before a due full read moves the machine's

@@ -9,7 +9,13 @@ import random
 
 import pytest
 from damon_hp.procfs import PAGE_IS_HUGE, PAGE_IS_PRESENT
-from damon_hp.stretches import changed_windows, huge_windows, present_windows, with_huge
+from damon_hp.stretches import (
+    changed_windows,
+    huge_windows,
+    present_windows,
+    window_spans,
+    with_huge,
+)
 
 H = 2 << 20
 P, PH = PAGE_IS_PRESENT, PAGE_IS_PRESENT | PAGE_IS_HUGE
@@ -77,3 +83,10 @@ def test_with_huge_is_what_a_scan_would_say(seed):
     assert present_windows([new]) == present_windows([old]) | set(windows)
     # outside the collapsed windows nothing changed
     assert set(changed_windows(old, new)) <= set(windows)
+
+
+def test_window_spans_clip_to_the_range_and_join_neighbours():
+    lo, hi = H + 4096, 5 * H - 8192
+    assert window_spans((lo, hi), [0, H, 2 * H, 4 * H, 6 * H]) == [(lo, 3 * H), (4 * H, hi)]
+    assert window_spans((lo, hi), []) == []
+    assert window_spans((lo, hi), [6 * H]) == []
