@@ -206,6 +206,72 @@ def test_other_events_padding_and_torn_records_are_skipped(rec):
     assert len(decode_pages([pad.bytes()], page, agg).events) == 0
 
 
+# -- the strided numpy read against the walk ---------------------------------------------
+
+def same_decoded(a, b) -> bool:
+    return (a.events.tobytes() == b.events.tobytes() and a.tunes == b.tunes
+            and (a.missed, a.missed_count) == (b.missed, b.missed_count))
+
+
+def test_the_recorded_pages_decode_the_same_with_numpy_as_by_the_walk(rec, monkeypatch):
+    from damon_hp.damon import event_pages
+
+    page, agg, tune = layouts(rec)
+    by_cpu = pages_by_cpu(rec)
+    walked = {cpu: decode_pages(pages, page, agg, tune, vectorized=False)
+              for cpu, pages in by_cpu.items()}
+    spans: list[int] = []  # words of each stretch the walk took while reading with numpy
+    walk = event_pages._Walk.records
+    monkeypatch.setattr(event_pages._Walk, "records", lambda self, i, stop, ts: (
+        spans.append(stop - i), walk(self, i, stop, ts))[1])
+    for cpu, pages in by_cpu.items():
+        assert same_decoded(decode_pages(pages, page, agg, tune), walked[cpu])
+    # Only pages where a burst starts (its time extend) were walked whole; the others were read
+    # with numpy, their tails (less than one record of 13 words) walked.
+    n_pages = sum(len(p) for p in by_cpu.values())
+    whole = [w for w in spans if w >= 13]
+    assert len(whole) < n_pages // 4, (len(whole), n_pages)
+
+
+def random_page(rng: random.Random, agg, tune) -> Page:
+    p = Page(rng.randrange(1 << 40))
+    for _ in range(rng.randint(0, 90)):
+        r = rng.random()
+        if r < 0.9:
+            p.event(agg_data(agg, start=rng.randrange(1 << 30), acc=rng.randint(0, 20)),
+                    delta=rng.randrange(1 << 27), long=rng.random() < 0.01)
+        elif r < 0.93:
+            p.extend(rng.randrange(1 << 40))
+        elif r < 0.95:
+            p.stamp(rng.randrange(1 << 59))
+        elif r < 0.97:
+            p.discarded(rng.choice((8, 52, 100)), delta=rng.randrange(1 << 20))
+        elif r < 0.99:
+            p.event(tune_data(tune, rng.randint(1, 10**6)), delta=rng.randrange(1 << 10))
+        else:
+            p.event(struct.pack("<HBBi", agg.event_id + 1, 0, 0, 7) + b"\1" * 40, delta=3)
+        if len(p.body) > PAGE - 16 - 80:
+            break
+    return p
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_pages_decode_the_same_with_numpy_as_by_the_walk(rec, seed):
+    """Pages of every record kind, some cut short by their commit word, some empty, some
+    after lost events: the strided read must find exactly what the walk finds."""
+    page, agg, tune = layouts(rec)
+    rng = random.Random(seed)
+    pages = []
+    for _ in range(rng.randint(1, 12)):
+        p = random_page(rng, agg, tune)
+        raw = bytearray(p.bytes(missed=rng.randrange(99)) if rng.random() < 0.1 else p.bytes())
+        if rng.random() < 0.2 and p.body:  # a commit word that cuts the data short
+            struct.pack_into("<Q", raw, 8, rng.randrange(len(p.body)))
+        pages.append(bytes(raw))
+    assert same_decoded(decode_pages(pages, page, agg, tune),
+                        decode_pages(pages, page, agg, tune, vectorized=False))
+
+
 # -- feed_array against feed_many -------------------------------------------------------
 
 def random_events(rng: random.Random, n_bursts: int) -> list[tuple]:
