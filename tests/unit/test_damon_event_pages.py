@@ -255,6 +255,14 @@ def random_page(rng: random.Random, agg, tune) -> Page:
     return p
 
 
+def test_reads_too_short_to_hold_a_page_header_decode_to_nothing(rec):
+    page, agg, tune = layouts(rec)
+    for pages in ([b""], [b"abc"], [b"\0" * 12], [b"\0" * PAGE]):
+        for vectorized in (True, False):
+            got = decode_pages(pages, page, agg, tune, vectorized=vectorized)
+            assert len(got.events) == 0 and not got.tunes and not got.missed
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_random_pages_decode_the_same_with_numpy_as_by_the_walk(rec, seed):
     """Pages of every record kind, some cut short by their commit word, some empty, some

@@ -141,9 +141,9 @@ def decode_pages(pages: list[bytes], layout: PageLayout, aggregated: RecordLayou
     extend), is read with numpy for every such page of the read at once: its headers sit at
     one stride, which a few array operations check. Python walks the record headers of the
     other pages and of what follows the last whole record of a checked one (~0.45 us a
-    record; ~8,000 records per 5 s from the host's kdamond were 4-5 ms per aggregation,
-    2026-11-29). `vectorized=False` walks every page: the reference the checked pages must
-    agree with."""
+    record, 1,300-8,000 records per 5 s from the host's kdamond; on the recorded pages the
+    decoding fell from 0.9-1.2 to 0.5-0.65 ms per aggregation, docs/cost.md).
+    `vectorized=False` walks every page: the reference the checked pages must agree with."""
     blob = b"".join(page[:len(page) // 4 * 4] for page in pages)
     words = memoryview(blob).cast("I")
     walk = _Walk(words, aggregated, tune)
@@ -163,7 +163,7 @@ def decode_pages(pages: list[bytes], layout: PageLayout, aggregated: RecordLayou
                 missed_count += int.from_bytes(blob[stop * 4:stop * 4 + 8], "little")
         heads.append((page_at + layout.data_offset // 4, stop, ts))
         page_at += page_words
-    if vectorized and heads:
+    if vectorized and blob:
         _decode_strided(blob, heads, aggregated, walk)
     else:
         for i, stop, ts in heads:
@@ -179,8 +179,8 @@ def decode_pages(pages: list[bytes], layout: PageLayout, aggregated: RecordLayou
 
 class _Walk:
     """The Python walk over record headers, gathering where aggregated and tune events' data
-    start (word indexes into the read) and their times in ns; the aggregated records
-    `_decode_strided` read are added with `strided`."""
+    start (word indexes into the read) and their times in ns; `_decode_strided` puts the
+    aggregated records it read with numpy in `strided_at` and `strided_ns`."""
 
     def __init__(self, words: memoryview, aggregated: RecordLayout,
                  tune: RecordLayout | None) -> None:
@@ -254,12 +254,10 @@ def _decode_strided(blob: bytes, heads: list[tuple[int, int, int]], aggregated: 
     walk the other pages whole. The walk would find exactly these records: each header it
     reads is at the stride, of that type_len and that event, and the clock only adds their
     deltas."""
-    words = np.frombuffer(blob, dtype="<u4")
+    words = np.frombuffer(blob, dtype="<u4")  # not empty: the caller walks an empty read
     first, stop, ts = (np.array(col, dtype=np.int64) for col in zip(*heads, strict=True))
     room = stop - first
-    if not len(words):
-        room[:] = 0
-    last_word = max(len(words) - 1, 0)
+    last_word = len(words) - 1
     type_len = words[np.minimum(first, last_word)].astype(np.int64) & 31
     kind = words[np.minimum(first + 1, last_word)] & 0xFFFF
     stride = type_len + 1
