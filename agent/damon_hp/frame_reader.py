@@ -92,7 +92,7 @@ class FrameReader:
     the next one. Each range is read whole once its own full-read period (FULL_READ_EVERY_S,
     growing while its reads find nothing that no counter showed) has passed, and without
     PAGEMAP_SCAN every range always is; a range whose entries read as before keeps its
-    extents.
+    extents. When only periods ran out, only the due ranges are walked.
     """
 
     def __init__(self, pid: int, *, eager: bool = True,

@@ -141,8 +141,9 @@ def decode_pages(pages: list[bytes], layout: PageLayout, aggregated: RecordLayou
     extend), is read with numpy for every such page of the read at once: its headers sit at
     one stride, which a few array operations check. Python walks the record headers of the
     other pages and of what follows the last whole record of a checked one (~0.45 us a
-    record, 1,300-8,000 records per 5 s from the host's kdamond; on the recorded pages the
-    decoding fell from 0.9-1.2 to 0.5-0.65 ms per aggregation, docs/cost.md).
+    record, ~1,300 records per 5 s from the host's kdamond, which may hold up to 8,192
+    regions; on the recorded pages the decoding fell from 0.9-1.2 to 0.5-0.65 ms per
+    aggregation, docs/cost.md).
     `vectorized=False` walks every page: the reference the checked pages must agree with."""
     blob = b"".join(page[:len(page) // 4 * 4] for page in pages)
     words = memoryview(blob).cast("I")
