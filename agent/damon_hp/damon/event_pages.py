@@ -165,11 +165,17 @@ def decode_pages(pages: list[bytes], layout: PageLayout, aggregated: RecordLayou
         heads.append((page_at + layout.data_offset // 4, stop, ts))
         page_at += page_words
     if vectorized and blob:
-        _decode_strided(blob, heads, aggregated, walk)
+        at, ns = _decode_strided(blob, heads, aggregated, walk)
+        # The walked records (other pages, tails) put back in the read's order: by where
+        # their data starts.
+        at = np.concatenate((at, np.asarray(walk.agg_at, dtype=np.int64)))
+        ns = np.concatenate((ns, np.asarray(walk.agg_ns, dtype=np.int64)))
+        order = np.argsort(at, kind="stable")
+        at, ns = at[order], ns[order]
     else:
         for i, stop, ts in heads:
             walk.records(i, stop, ts)
-    at, ns = walk.aggregated()
+        at, ns = walk.agg_at, walk.agg_ns
     events = _gather(blob, at, ns, aggregated)
     tunes: list[tuple[float, int]] = []
     if tune is not None and walk.tunes_at:
@@ -180,8 +186,7 @@ def decode_pages(pages: list[bytes], layout: PageLayout, aggregated: RecordLayou
 
 class _Walk:
     """The Python walk over record headers, gathering where aggregated and tune events' data
-    start (word indexes into the read) and their times in ns; `_decode_strided` puts the
-    aggregated records it read with numpy in `strided_at` and `strided_ns`."""
+    start (word indexes into the read) and their times in ns."""
 
     def __init__(self, words: memoryview, aggregated: RecordLayout,
                  tune: RecordLayout | None) -> None:
@@ -189,21 +194,10 @@ class _Walk:
         self.agg_id, self.agg_size = aggregated.event_id, aggregated.size
         self.tune_id = tune.event_id if tune is not None else -1
         self.tune_size = tune.size if tune is not None else 0
-        self.strided_at: np.ndarray | None = None
-        self.strided_ns: np.ndarray | None = None
         self.agg_at: list[int] = []
         self.agg_ns: list[int] = []
         self.tunes_at: list[int] = []
         self.tunes_ns: list[int] = []
-
-    def aggregated(self) -> tuple[np.ndarray | list[int], np.ndarray | list[int]]:
-        """Every aggregated record found, in the read's order: by where its data starts."""
-        if self.strided_at is None or self.strided_ns is None:
-            return self.agg_at, self.agg_ns
-        at = np.concatenate((self.strided_at, np.asarray(self.agg_at, dtype=np.int64)))
-        ns = np.concatenate((self.strided_ns, np.asarray(self.agg_ns, dtype=np.int64)))
-        order = np.argsort(at, kind="stable")
-        return at[order], ns[order]
 
     def records(self, i: int, stop: int, ts: int) -> None:
         """Walk the records from word `i` to `stop`, the clock at `ts` ns before the first."""
@@ -249,12 +243,12 @@ class _Walk:
 
 
 def _decode_strided(blob: bytes, heads: list[tuple[int, int, int]], aggregated: RecordLayout,
-                    walk: _Walk) -> None:
+                    walk: _Walk) -> tuple[np.ndarray, np.ndarray]:
     """Read with numpy every page whose data starts with back-to-back aggregated records of
     one inline size (type_len 1..28), as many as fit, then walk the rest of such a page;
-    walk the other pages whole. The walk would find exactly these records: each header it
-    reads is at the stride, of that type_len and that event, and the clock only adds their
-    deltas."""
+    walk the other pages whole. Returns where the records read with numpy start, and their
+    times. The walk would find exactly these records: each header it reads is at the
+    stride, of that type_len and that event, and the clock only adds their deltas."""
     words = np.frombuffer(blob, dtype="<u4")  # not empty: the caller walks an empty read
     first, stop, ts = (np.array(col, dtype=np.int64) for col in zip(*heads, strict=True))
     room = stop - first
@@ -272,17 +266,16 @@ def _decode_strided(blob: bytes, heads: list[tuple[int, int, int]], aggregated: 
     hdr = words[pos].astype(np.int64)
     good = ((hdr & 31) == type_len[page_of]) & ((words[pos + 1] & 0xFFFF) == aggregated.event_id)
     ok[page_of[~good]] = False
-    clock = np.cumsum(hdr >> 5)
-    before = np.concatenate(([0], clock))[starts]  # the deltas of earlier pages' records
-    ns = clock - before[page_of] + ts[page_of]
+    clock = np.concatenate(([0], np.cumsum(hdr >> 5)))  # deltas up to each record, from 0
+    before = clock[starts]  # the deltas of earlier pages' records
+    ns = clock[1:] - before[page_of] + ts[page_of]
     mine = ok[page_of]
-    walk.strided_at, walk.strided_ns = pos[mine] + 1, ns[mine]
-    tail = first + n * stride
-    after = np.where(ok, ts + np.concatenate(([0], clock))[starts + n] - before, ts)
-    for i, end, t in zip(np.where(ok, tail, first).tolist(), stop.tolist(), after.tolist(),
-                         strict=True):
+    after = np.where(ok, ts + clock[starts + n] - before, ts)  # the time after a page's last
+    for i, end, t in zip(np.where(ok, first + n * stride, first).tolist(), stop.tolist(),
+                         after.tolist(), strict=True):
         if i < end:
             walk.records(i, end, t)
+    return pos[mine] + 1, ns[mine]
 
 
 def _records(blob: bytes, at: np.ndarray | list[int], layout: RecordLayout) -> np.ndarray:
