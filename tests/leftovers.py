@@ -1,6 +1,7 @@
-"""What the fault, bad-input and daemon tests look for after each case: processes still in a
-case's session, damon-hp tracefs instances of a pid, the kdamonds and sysfs settings as found,
-and a polling wait. Shared by the host and vm tiers (`tests/` is on the import path).
+"""What the fault, bad-input, daemon and vm tests look for after each case: processes still
+in a case's session, damon-hp tracefs instances of a pid, the kdamonds running and the sysfs
+settings as found, and a polling wait. Shared by the host and vm tiers (`tests/` is on the
+import path).
 
 DAMON sysfs is read as damon-hp reads it, EBUSY retried (`damon_hp.damon.io.read`): a kdamond
 takes DAMON's sysfs lock for a moment at every aggregation and any other DAMON reader may hold
@@ -9,6 +10,7 @@ raised on that would report a change that did not happen."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -88,6 +90,42 @@ def kdamond_states(admin: Path = ADMIN) -> dict[str, tuple[str, str]]:
     """(state, pid) of every kdamond directory."""
     return {kd.name: (damon_read(kd / "state"), damon_read(kd / "pid"))
             for kd in damon_io.numbered_dirs(admin / "kdamonds")}
+
+
+def running_kdamonds(admin: Path = ADMIN) -> dict[Path, int]:
+    """Directory -> pid of every running kdamond, by DAMON sysfs (EBUSY retried, see above).
+
+    A directory that goes away while it is read is not running: listdir can name a kdamond
+    an agent removes next, and a file opened just before the removal reads ENODEV, since kernfs
+    refuses reads of a deactivated node (kernfs_fop_read_iter, kernfs_get_active); stop 42's
+    CI met that. A pid of -1 after "on" is a kdamond that stopped between the two reads
+    (damon_sysfs pid_show with no ctx->kdamond): not running either; stop 40's CI took that
+    moment for the second agent's new kdamond."""
+    out = {}
+    for kd in damon_io.numbered_dirs(admin / "kdamonds"):
+        try:
+            if damon_read(kd / "state") != "on":
+                continue
+            pid = int(damon_read(kd / "pid"))
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENODEV):
+                continue
+            raise
+        if pid != -1:
+            out[kd] = pid
+    return out
+
+
+def kdamond_threads() -> list[int]:
+    """pids of kernel threads named kdamond*, by /proc (independent of DAMON sysfs)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if (d / "comm").read_text().startswith("kdamond"):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return sorted(pids)
 
 
 def sysfs_tree(root: Path, skip: Callable[[str], bool] = lambda rel: False) -> dict[str, str]:

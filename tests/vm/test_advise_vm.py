@@ -14,16 +14,12 @@ import time
 from pathlib import Path
 
 from damon_hp.damon import io as damon_io
+from leftovers import running_kdamonds
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
 HOTCOLD = str(ROOT / "workloads/bin/hotcold")
-KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
 INSTANCES = Path("/sys/kernel/tracing/instances")
-
-
-def running_kdamonds() -> list[Path]:
-    return [d for d in damon_io.numbered_dirs(KDAMONDS) if damon_io.read(d / "state") == "on"]
 
 
 def scheme_actions() -> list[str]:
@@ -34,7 +30,7 @@ def scheme_actions() -> list[str]:
 
 
 def test_advise_monitors_with_a_vaddr_kdamond_of_its_own_and_leaves_nothing() -> None:
-    assert running_kdamonds() == [], "the vm tier starts with no kdamond running"
+    assert running_kdamonds() == {}, "the vm tier starts with no kdamond running"
     seen_actions: list[str] = []
     seen_kdamonds: list[int] = []
     done = threading.Event()
@@ -66,7 +62,7 @@ def test_advise_monitors_with_a_vaddr_kdamond_of_its_own_and_leaves_nothing() ->
     # ... whose only scheme is the `stat` one every kdamond of damon-hp's carries (its
     # tried_regions are a snapshot reader): it counts, it never acts on memory
     assert set(seen_actions) <= {"stat"}, seen_actions
-    assert running_kdamonds() == []  # ... and is gone
+    assert running_kdamonds() == {}  # ... and is gone
     assert not [n for n in INSTANCES.iterdir() if n.name.startswith("damon-hp-")]
     by_start = {m["start"]: m for m in report["memory"]["mappings"]}
     hot, cold = by_start[first["hot"]["start"]], by_start[first["cold"]["start"]]

@@ -6,8 +6,9 @@ state is read back from /proc/PID/smaps, never from the agent's own report.
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from damon_hp import procfs
+from damon_hp import procfs, status_records
 from damon_hp.ranges import AddrRange
+from leftovers import kdamond_threads, running_kdamonds
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
@@ -51,51 +53,9 @@ def thp_never() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def no_kdamond_left() -> Iterator[None]:
-    assert running_kdamonds() == [], "a kdamond was running before the test"
+    assert running_kdamonds() == {}, "a kdamond was running before the test"
     yield
-    assert running_kdamonds() == [], "the test left a kdamond running"
-
-
-def read_sysfs(path: Path) -> str:
-    """DAMON sysfs answers EBUSY while someone else (the agent) holds its lock: retry."""
-    for _ in range(200):
-        try:
-            return path.read_text().strip()
-        except OSError as e:
-            if e.errno != errno.EBUSY:
-                raise
-            time.sleep(0.05)
-    raise TimeoutError(f"{path} stayed busy")
-
-
-def running_kdamonds() -> list[tuple[str, str]]:
-    """(index, pid) of every running kdamond, by DAMON sysfs."""
-    out = []
-    for kd in sorted(KDAMONDS.glob("[0-9]*")):
-        try:
-            if read_sysfs(kd / "state") != "on":
-                continue
-            pid = read_sysfs(kd / "pid")
-        except FileNotFoundError:
-            continue  # the directory went away while we looked
-        # The kernel's pid file reads -1 once the thread has exited (damon_sysfs pid_show with
-        # no ctx->kdamond), so "on" then "-1" is a kdamond that stopped between the two reads:
-        # not running. Stop 40's CI took that moment for the second agent's new kdamond.
-        if pid != "-1":
-            out.append((kd.name, pid))
-    return out
-
-
-def kdamond_threads() -> list[int]:
-    """pids of kernel threads named kdamond*, by /proc (independent of sysfs)."""
-    pids = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if (d / "comm").read_text().startswith("kdamond"):
-                pids.append(int(d.name))
-        except OSError:
-            continue
-    return sorted(pids)
+    assert running_kdamonds() == {}, "the test left a kdamond running"
 
 
 @dataclass
@@ -228,11 +188,29 @@ def test_run_passes_the_commands_exit_code_through() -> None:
 def test_run_monitors_the_command_itself_from_its_start(tmp_path, launcher: list[str]) -> None:
     # With a launcher the program is a second exec in the same process: still the target.
     out, rec = tmp_path / "out.json", tmp_path / "rec.json"
-    r = subprocess.run([DAMON_HP, "run", "-q", "--json", str(out), "--record", str(rec), "--",
-                        *launcher, *hotcold("16M", "16M", 5)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    ranges = Ranges.from_line(r.stdout.splitlines()[0])
+    proc = subprocess.Popen([DAMON_HP, "run", "-q", "--json", str(out), "--record", str(rec),
+                             "--", *launcher, *hotcold("16M", "16M", 0)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranges = None
+    try:
+        ranges = Ranges.from_line(proc.stdout.readline())
+        # The kdamond starts on the forked child before its exec, so its first regions are the
+        # old address space's; DAMON re-reads the target's mappings only at its next ops update
+        # (update_us, damon_va_update). A fixed 5-s command ended in stop 42's CI before the
+        # agent saw one aggregation after that. The agent finding the 16 MiB hot buffer hot
+        # needs the new regions: end the command then (hotcold exits 0 on SIGTERM).
+        found = wait_for_status(proc, lambda st: (st.get("hot_bytes") or 0) >= 16 << 20)
+        last_status = status_seen(proc)
+        os.kill(ranges.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            stop(proc, signal.SIGTERM)
+        if ranges is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(ranges.pid, signal.SIGKILL)  # a forever command outlives no failure
+    assert found is not None, f"the agent never found the hot buffer: {last_status}\n{err}"
+    assert proc.returncode == 0, err
     report = json.loads(out.read_text())
     assert report["summary"]["target_pid"] == ranges.pid
     assert report["summary"]["stopped_by"] == "target exit"
@@ -244,6 +222,24 @@ def test_run_monitors_the_command_itself_from_its_start(tmp_path, launcher: list
     for lo, hi in (ranges.hot, ranges.cold):
         covered = sum(max(0, min(g["end"], hi) - max(g["start"], lo)) for g in last)
         assert covered == hi - lo, "DAMON's regions do not cover the command's buffers"
+
+
+def status_seen(proc: subprocess.Popen) -> dict | None:
+    """The status record agent `proc` keeps (refreshed every STATUS_EVERY_S), or None."""
+    return next((st for st in status_records.read_statuses()
+                 if st.get("agent_pid") == proc.pid), None)
+
+
+def wait_for_status(proc: subprocess.Popen, ok, timeout_s: float = AGENT_START_S) -> dict | None:
+    """The agent's status record once ok(record) holds; None when the agent exits or the time
+    runs out first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        st = status_seen(proc)
+        if st is not None and ok(st):
+            return st
+        time.sleep(0.5)
+    return None
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -262,7 +258,7 @@ def test_stop_signal_ends_agent_and_command_and_leaves_no_kdamond(sig: int) -> N
     _, err = stop(proc, sig)  # to the agent alone, as `kill` would: the command must follow
     assert not Path(f"/proc/{r.pid}").exists(), "the command outlived the agent"
     assert f"stopped by                {signal.Signals(sig).name}" in err
-    assert running_kdamonds() == [] and kdamond_threads() == []
+    assert running_kdamonds() == {} and kdamond_threads() == []
     status = subprocess.run([DAMON_HP, "status", "--json"], capture_output=True, text=True,
                             timeout=120)
     assert json.loads(status.stdout)["agents"] == []
@@ -307,7 +303,7 @@ def test_agent_killed_with_sigkill_is_cleaned_up_by_the_next_start(tmp_path) -> 
         assert [(a["agent_pid"], a["alive"]) for a in agents] == [(second.pid, True)]
         _, err = stop(second, signal.SIGTERM)
         assert second.returncode == 0, err
-        assert running_kdamonds() == [] and kdamond_threads() == []
+        assert running_kdamonds() == {} and kdamond_threads() == []
         assert target.poll() is None
     finally:
         target.kill()

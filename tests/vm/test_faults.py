@@ -33,7 +33,14 @@ import pytest
 from collapse_errors import EXIT_ERRORS, exit_cut
 from damon_hp import procfs
 from damon_hp.policy import PolicyParams
-from leftovers import alive, instances_of, session_members, wait_for
+from leftovers import (
+    alive,
+    instances_of,
+    kdamond_threads,
+    running_kdamonds,
+    session_members,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
@@ -66,34 +73,6 @@ def sysfs(path: Path, value: str | None = None) -> str:
     raise TimeoutError(f"{path} stayed busy")
 
 
-def running_kdamonds() -> list[Path]:
-    out = []
-    for kd in sorted(KDAMONDS.glob("[0-9]*")):
-        try:
-            if sysfs(kd / "state") == "on":
-                out.append(kd)
-        except FileNotFoundError:
-            continue
-    return out
-
-
-def kdamond_threads() -> list[int]:
-    pids = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if (d / "comm").read_text().startswith("kdamond"):
-                pids.append(int(d.name))
-        except OSError:
-            continue
-    return pids
-
-
-
-
-
-
-
-
 class Agent:
     def __init__(self, args: list[str], run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -108,17 +87,18 @@ class Agent:
         stream (the only kdamond in the VM). The claim record alone comes before the kdamond
         starts: a loaded fresh-clone run stopped the kdamond inside the agent's start-up, and
         the agent rightly said it had not started, not that monitoring was lost."""
-        found: list[Path] = []
+        found: dict[Path, int] = {}
 
         def one() -> bool:
             assert self.proc.poll() is None, f"the agent exited early:\n{self.finish()[1]}"
-            found[:] = running_kdamonds()
+            found.clear()
+            found.update(running_kdamonds())
             stream = any(n.startswith(f"damon-hp-{self.pid}-") for n in os.listdir(INSTANCES))
             return (len(found) == 1 and stream
                     and (self.run_dir / f"agent-{self.pid}.json").exists())
 
         wait_for("the agent's kdamond", one, START_S)
-        return found[0]
+        return next(iter(found))
 
     def finish(self, timeout_s: float = 300) -> tuple[str, str]:
         try:
@@ -132,7 +112,7 @@ class Agent:
 def world(tmp_path: Path) -> Iterator[dict]:
     """THP `never` (every huge page is the agent's), a private run directory, and the check
     that nothing is left behind."""
-    assert running_kdamonds() == [], "a kdamond was running before the test"
+    assert running_kdamonds() == {}, "a kdamond was running before the test"
     old_thp = procfs.thp_mode()
     THP_ENABLED.write_text("never")
     w: dict = {"run_dir": tmp_path / "run", "agents": [], "targets": []}

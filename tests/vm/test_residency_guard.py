@@ -12,7 +12,6 @@ fully resident, so every held range is a sparse one: the guard, not DAMON, kept 
 
 from __future__ import annotations
 
-import errno
 import json
 import subprocess
 import time
@@ -22,12 +21,12 @@ from pathlib import Path
 import pytest
 from damon_hp import procfs
 from damon_hp.ranges import AddrRange
+from leftovers import running_kdamonds
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
 SPARSE = str(ROOT / "workloads/bin/sparse")
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
 PAGE = 4096
 HOT_SHARE = 0.90
 # A collapse of one sparse range adds 2 MiB - 512 KiB of resident memory; the whole process
@@ -44,25 +43,8 @@ def thp_never() -> Iterator[None]:
     THP_ENABLED.write_text(old)
 
 
-def running_kdamonds() -> list[str]:
-    out = []
-    for kd in sorted(KDAMONDS.glob("[0-9]*")):
-        for _ in range(200):  # EBUSY while an agent holds DAMON's lock
-            try:
-                if (kd / "state").read_text().strip() == "on":
-                    out.append(kd.name)
-                break
-            except FileNotFoundError:
-                break
-            except OSError as e:
-                if e.errno != errno.EBUSY:
-                    raise
-                time.sleep(0.05)
-    return out
-
-
 def test_a_hot_but_sparse_region_stays_on_base_pages_and_rss_does_not_grow(tmp_path) -> None:
-    assert running_kdamonds() == [], "a kdamond was running before the test"
+    assert running_kdamonds() == {}, "a kdamond was running before the test"
     out = tmp_path / "out.json"
     proc = subprocess.Popen(
         [DAMON_HP, "run", "-q", "--json", str(out), "--", SPARSE, "--hot", "64M", "--cold",
@@ -107,4 +89,4 @@ def test_a_hot_but_sparse_region_stays_on_base_pages_and_rss_does_not_grow(tmp_p
     timeline = json.loads(out.read_text())["timeline"]
     held = [e["actions"]["held_by_residency"] for e in timeline]
     assert max(held) > 0, f"DAMON never made a sparse range ready, so nothing was tested:\n{err}"
-    assert running_kdamonds() == [], "the run left a kdamond running"
+    assert running_kdamonds() == {}, "the run left a kdamond running"

@@ -32,6 +32,7 @@ from damon_hp.damon.model import Recording
 from damon_hp.pipeline import PHYSICAL_MIN_ACCESS_PCT
 from damon_hp.policy.hotset import range_heat
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange, huge_range, huge_starts
+from leftovers import kdamond_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMON_HP = str(ROOT / ".venv/bin/damon-hp")
@@ -103,18 +104,6 @@ def nothing_left_behind() -> Iterator[None]:
     assert our_instances() == [], "a damon-hp tracefs instance was left behind"
     assert ownership.read_records() == {}, "an ownership record was left behind"
     assert status_agents() == [], "a status record was left behind"
-
-
-def kdamond_threads() -> list[int]:
-    """pids of kernel threads named kdamond*, by /proc (independent of sysfs)."""
-    pids = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if (d / "comm").read_text().startswith("kdamond"):
-                pids.append(int(d.name))
-        except OSError:
-            continue
-    return sorted(pids)
 
 
 def system_ram() -> list[tuple[int, int]]:
