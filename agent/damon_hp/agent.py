@@ -304,8 +304,7 @@ class Agent:
         rep.monitoring_cpu_by_stage = self.pipeline.cpu.to_dict()
         entry.stage_cpu_s = round(sum(rep.monitoring_cpu_by_stage.values()), 4)
         entry.stage_cpu_by_stage_s = dict(rep.monitoring_cpu_by_stage)
-        rep.hot_bytes = entry.hot_bytes
-        rep.hot_huge_bytes = entry.hot_huge_bytes
+        rep.observe_hot(entry.hot_bytes, entry.hot_huge_bytes)
         rep.observe_memory(entry.huge_bytes, status.vm_rss, status.vm_pte)
         rep.timeline.append(entry)
         if now >= self._next_cpu:

@@ -162,7 +162,7 @@ class RunReport:
     final_pte_bytes: int | None = None
     minflt: int | None = None
     majflt: int | None = None
-    hot_bytes: int | None = None  # at the last snapshot
+    hot_bytes: int | None = None  # at the last snapshot that saw a hot set (observe_hot)
     hot_huge_bytes: int | None = None
     damos: dict[str, dict[str, int]] = field(default_factory=dict)
     """per DAMOS action of our schemes: regions (nr_applied) and bytes (sz_applied) the kdamond
@@ -174,10 +174,19 @@ class RunReport:
 
     @property
     def coverage(self) -> float | None:
-        """Share of the bytes DAMON last saw hot that are mapped by huge pages."""
+        """Share of the bytes DAMON last saw hot (the last snapshot with a hot set) that are
+        mapped by huge pages."""
         if self.hot_bytes is None or self.hot_huge_bytes is None or self.hot_bytes == 0:
             return None
         return self.hot_huge_bytes / self.hot_bytes
+
+    def observe_hot(self, hot_bytes: int, hot_huge_bytes: int | None) -> None:
+        """Fold one snapshot's hot set and its huge bytes in. An empty hot set replaces only
+        another empty one: a workload's last aggregations often see nothing hot (its work is
+        done, it writes its results or exits), and the summary's coverage then read n/a
+        however huge the hot set had been a moment before."""
+        if hot_bytes or not self.hot_bytes:
+            self.hot_bytes, self.hot_huge_bytes = hot_bytes, hot_huge_bytes
 
     def observe_memory(
         self, huge: int | None, rss: int | None, pte: int | None, final: bool = True
@@ -370,7 +379,7 @@ def format_table(r: RunReport) -> str:
         ("RSS peak/final", _pair(r.peak_rss_bytes, r.final_rss_bytes)),
         ("page tables peak/final", _pair(r.peak_pte_bytes, r.final_pte_bytes)),
         ("minor/major faults", f"{_n(r.minflt)} / {_n(r.majflt)}"),
-        ("hot set (last snapshot)", fmt_bytes(r.hot_bytes)),
+        ("hot set (last seen)", fmt_bytes(r.hot_bytes)),
         ("hot-set coverage", f"{fmt_pct(r.coverage)} of hot bytes on huge pages"),
         *([("memory watched", f"{fmt_pct(r.monitored_share)} of the target's resident pages "
             "lie in the physical memory the kdamond monitors; the rest is invisible")]

@@ -58,6 +58,17 @@ def test_coverage_is_the_huge_share_of_the_last_hot_set_and_unknown_without_one(
     assert "n/a" in report.format_table(r).split("hot-set coverage")[1].splitlines()[0]
 
 
+def test_coverage_is_of_the_last_hot_set_seen_not_of_a_quiet_end() -> None:
+    r = RunReport(mode="run", target_pid=1, command=[], kernel="k", thp_mode="never")
+    r.observe_hot(0, 0)  # nothing hot yet: no coverage to give
+    assert (r.hot_bytes, r.coverage) == (0, None)
+    r.observe_hot(8 << 20, 2 << 20)
+    r.observe_hot(6 << 20, 6 << 20)
+    r.observe_hot(0, 0)  # the workload's quiet end keeps the last hot set's figures
+    assert (r.hot_bytes, r.hot_huge_bytes, r.coverage) == (6 << 20, 6 << 20, 1.0)
+    assert "hot set (last seen)" in report.format_table(r)
+
+
 def test_unmeasured_values_print_as_na_never_as_zero() -> None:
     r = RunReport(mode="attach", target_pid=7, command=[], kernel="k", thp_mode="never")
     table = report.format_table(r)
