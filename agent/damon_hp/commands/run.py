@@ -1,11 +1,13 @@
 """Start CMD and back its hot memory with huge pages until it exits.
 
 The command is forked and held before exec while damon-hp pins it with a pidfd and starts its
-own kdamond on it, then released: DAMON watches it from its first instruction, so early
-allocations are seen. damon-hp exits with the command's exit code (128+N if signal N killed
-it), or 1 if the command exited 0 but a --json/--record file could not be written; Ctrl-C,
-SIGTERM or SIGHUP stop the agent and the command, and leave no kdamond behind. If monitoring
-is lost mid-run (someone stops our kdamond or changes our tracefs instance) the command runs on
+own kdamond on it, then released: DAMON watches the process from its exec on. Its regions
+follow the program's own mappings from DAMON's first update of them (--update-us, 1 s by
+default; until then they are the held fork's), so what the program maps at start is watched
+from then on. damon-hp exits with the command's exit code (128+N if signal N killed it), or 1
+if the command exited 0 but a --json/--record file could not be written; Ctrl-C, SIGTERM or
+SIGHUP stop the agent and the command, and leave no kdamond behind. If monitoring is lost
+mid-run (someone stops our kdamond or changes our tracefs instance) the command runs on
 unmanaged; so it does, after one message saying why and what to do, when the command turns THP
 off for itself (prctl PR_SET_THP_DISABLE, as MariaDB does at start-up; looked at before every
 snapshot): the kernel would refuse every collapse. A process another live agent manages is
