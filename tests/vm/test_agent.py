@@ -206,9 +206,11 @@ def test_run_monitors_the_command_itself_from_its_start(tmp_path, launcher: list
     finally:
         if proc.poll() is None:
             stop(proc, signal.SIGTERM)
-        if ranges is not None:
+        if ranges is not None and runs_hotcold(ranges.pid):
+            # `--seconds 0` runs until stopped: a failure above must not leave it running. The
+            # name is checked first: once the agent has reaped it, its pid may be another's.
             with contextlib.suppress(ProcessLookupError):
-                os.kill(ranges.pid, signal.SIGKILL)  # a forever command outlives no failure
+                os.kill(ranges.pid, signal.SIGKILL)
     assert found is not None, f"the agent never found the hot buffer: {last_status}\n{err}"
     assert proc.returncode == 0, err
     report = json.loads(out.read_text())
@@ -222,6 +224,13 @@ def test_run_monitors_the_command_itself_from_its_start(tmp_path, launcher: list
     for lo, hi in (ranges.hot, ranges.cold):
         covered = sum(max(0, min(g["end"], hi) - max(g["start"], lo)) for g in last)
         assert covered == hi - lo, "DAMON's regions do not cover the command's buffers"
+
+
+def runs_hotcold(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "hotcold"
+    except OSError:
+        return False
 
 
 def status_seen(proc: subprocess.Popen) -> dict | None:
