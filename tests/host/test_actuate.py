@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from collapse_errors import until_settled
 from damon_hp import actuate, procfs, report
 from damon_hp.damon.model import SchemeStats
 from damon_hp.errors import DamonHpError, EnvironmentProblem
@@ -61,7 +62,7 @@ def test_collapse_makes_populated_aligned_buffer_anon_huge(child: Child) -> None
     assert anon_huge_bytes(child.pid, child.start, child.end) == 0
     starts = list(range(child.start, child.end, HUGE_PAGE_BYTES))
     with actuate.Target.open(child.pid) as target:
-        results = actuate.collapse(target, starts)
+        results = until_settled(lambda s: actuate.collapse(target, s), starts)
     assert [r.error for r in results] == [None] * len(starts)
     assert sum(r.bytes_done for r in results) == child.end - child.start
     assert all(r.seconds >= 0 for r in results)
@@ -73,7 +74,7 @@ def test_collapse_makes_populated_aligned_buffer_anon_huge(child: Child) -> None
 def test_collapse_touches_only_the_ranges_asked_for(child: Child) -> None:
     chosen = [child.start + HUGE_PAGE_BYTES, child.start + 3 * HUGE_PAGE_BYTES]
     with actuate.Target.open(child.pid) as target:
-        results = actuate.collapse(target, chosen)
+        results = until_settled(lambda s: actuate.collapse(target, s), chosen)
     assert all(r.error is None for r in results)
     whole = AddrRange(child.start, child.end)
     assert procfs.huge_bytes_in(child.pid, [whole]) == 2 * HUGE_PAGE_BYTES
@@ -123,7 +124,8 @@ def test_ranges_the_target_unmapped_are_unmapped_and_the_rest_collapse(child: Ch
     with actuate.Target.open(child.pid) as target, procfs.ProcessFiles(child.pid) as files:
         assert not files.maps_cover(AddrRange(child.start, child.end))
         assert files.maps_cover(AddrRange(child.start, gone))
-        results = actuate.collapse(target, starts, files.maps_cover)
+        results = until_settled(lambda s: actuate.collapse(target, s, files.maps_cover),
+                                starts)
     assert [r.error for r in results] == [None, actuate.UNMAPPED, None]
     assert procfs.huge_bytes_in(child.pid, [AddrRange(child.start, child.end)]) == (
         2 * HUGE_PAGE_BYTES)

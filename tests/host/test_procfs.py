@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from collapse_errors import until_settled
 from damon_hp import actuate, procfs
 from damon_hp.ranges import HUGE_PAGE_BYTES, AddrRange
 
@@ -83,7 +84,8 @@ def test_a_prot_none_reservation_is_not_watched_and_its_usable_part_is() -> None
 
 def test_rollup_and_status_agree_on_resident_memory_after_collapse(child) -> None:
     with actuate.Target.open(child["pid"]) as target:
-        actuate.collapse(target, range(child["start"], child["end"], HUGE_PAGE_BYTES))
+        until_settled(lambda s: actuate.collapse(target, s),
+                      range(child["start"], child["end"], HUGE_PAGE_BYTES))
     rollup = procfs.smaps_rollup(child["pid"])
     status = procfs.read_status(child["pid"])
     assert rollup["AnonHugePages"] >= child["end"] - child["start"]
@@ -135,7 +137,8 @@ def test_process_files_rereads_are_fresh_after_collapse(child) -> None:
         assert files.rollup()["AnonHugePages"] == 0
         assert files.huge_bytes_in([AddrRange(child["start"], child["end"])]) == 0
         with actuate.Target.open(child["pid"]) as target:
-            actuate.collapse(target, range(child["start"], child["end"], HUGE_PAGE_BYTES))
+            until_settled(lambda s: actuate.collapse(target, s),
+                          range(child["start"], child["end"], HUGE_PAGE_BYTES))
         assert files.rollup()["AnonHugePages"] >= size
         assert files.huge_bytes_in([AddrRange(child["start"], child["end"])]) == size
         assert any(m.start <= child["start"] < m.end for m in files.maps())

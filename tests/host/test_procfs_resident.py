@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from collapse_errors import until_settled
 from damon_hp import actuate, procfs
 from damon_hp.ranges import HUGE_PAGE_BYTES as H
 
@@ -75,7 +76,7 @@ def test_collapsing_a_quarter_resident_range_makes_all_of_it_resident(sparse: di
     target_range = starts(sparse["sparse"])[-1]
     before = procfs.read_status(sparse["pid"]).vm_rss
     with actuate.Target.open(sparse["pid"]) as target:
-        (result,) = actuate.collapse(target, [target_range])
+        (result,) = until_settled(lambda s: actuate.collapse(target, s), [target_range])
     assert result.error is None, result
     assert procfs.resident_pages_in(sparse["pid"], [target_range]) == {target_range: PAGES}
     grown = procfs.read_status(sparse["pid"]).vm_rss - before

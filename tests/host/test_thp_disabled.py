@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from collapse_errors import unexplained, vmstat
+from collapse_errors import unexplained, until_settled, vmstat
 from daemon_host import Daemon, status
 from damon_hp import actuate, procfs
 from damon_hp.agent import THP_DISABLED
@@ -86,7 +86,8 @@ def test_status_shows_thp_disabled_and_only_then_the_kernel_refuses_collapse() -
         for mode, child in children.items():
             disabled = procfs.thp_disabled_by_process(procfs.read_status(child.pid))
             with actuate.Target.open(child.pid) as target:
-                [result] = actuate.collapse(target, [child.info["start"]])
+                [result] = until_settled(lambda s: actuate.collapse(target, s),
+                                         [child.info["start"]])
             seen[mode] = (disabled, result.error)
     finally:
         for child in children.values():
