@@ -11,7 +11,8 @@ in three:
   until steady           each stage's CPU from the start to the last snapshot before
                          `--steady-after-s` (the first look, the target's fill, the promotions)
   steady                 each stage's median CPU per aggregation after it, what the stretch cost
-                         as a share of a core, and its dearest aggregations (full pagemap reads)
+                         as a share of a core, its dearest aggregations (full pagemap reads), and
+                         the median regions from DAMON and frame extents it grows with
 
   .venv/bin/damon-hp run --quiet --json /tmp/run.json -- \
       workloads/bin/hotcold --hot 1G --cold 3G --seconds 120
@@ -80,8 +81,17 @@ def phases(report: dict[str, Any], steady_after_s: float) -> dict[str, Any]:
                 for st in stages},
             "dearest": [{"t_s": t, "ms": round(1000 * sum(d.values()), 1),
                          "stage": max(d, key=d.__getitem__)} for t, d in dearest],
+            # What the events' and the reverse map's CPU grow with (timeline fields since
+            # 2026-12-02; None in older runs).
+            "median_source_regions": _median_of(timeline, "source_regions", steady_after_s),
+            "median_frame_extents": _median_of(timeline, "frame_extents", steady_after_s),
         }
     return out
+
+
+def _median_of(timeline: list[dict[str, Any]], key: str, after_s: float) -> float | None:
+    values = [e[key] for e in timeline if e["t_s"] >= after_s and e.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def describe(name: str, p: dict[str, Any]) -> str:
@@ -104,6 +114,10 @@ def describe(name: str, p: dict[str, Any]) -> str:
                   f"{st['snapshots']} snapshots, {pct}",
                   f"    median per aggregation, ms: {parts}",
                   f"    dearest: {dear}"]
+        if st["median_source_regions"] is not None:
+            extents = st["median_frame_extents"]
+            lines.append(f"    median regions from DAMON {st['median_source_regions']:.0f}, "
+                         f"frame extents {'n/a' if extents is None else f'{extents:.0f}'}")
     return "\n".join(lines)
 
 

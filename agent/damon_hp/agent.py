@@ -279,7 +279,8 @@ class Agent:
                                  "windows_verified": frames.windows_verified,
                                  "scans_skipped": frames.scans_skipped,
                                  "scans_spared": frames.scans_spared,
-                                 "scans_narrowed": frames.scans_narrowed}
+                                 "scans_narrowed": frames.scans_narrowed,
+                                 "lapses": frames.lapses}
         status = obs.status
         entry = report.TimelineEntry(
             t_s=snap.taken_at_s - self.started_at,
@@ -297,6 +298,9 @@ class Agent:
             planned=len(decision.promote),
         )
         entry.monitored_share = obs.monitored_share
+        entry.source_regions = len(snap.regions)
+        if frames is not None:
+            entry.frame_extents = frames.extent_count
         entry.unsteady = decision.unsteady
         rep.record_applied(applied, time.monotonic() - self.started_at, entry)
         with self.pipeline.cpu.stage(stagecpu.MEASURE):

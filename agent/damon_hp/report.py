@@ -95,6 +95,12 @@ class TimelineEntry:
     stage_cpu_by_stage_s: dict[str, float] | None = None
     """the same, stage by stage (summary.monitoring_cpu_by_stage as of this snapshot): which
     stage a stretch's cost went to (experiments/cost-phases.py)"""
+    source_regions: int | None = None
+    """regions in the aggregation DAMON gave (a passive source's: the foreign kdamond's, of
+    physical memory), which the event stream's and the reverse map's CPU grow with"""
+    frame_extents: int | None = None
+    """physical sources: the target's runs of consecutive frames, which the reverse map looks
+    up at every aggregation (more where physical memory is fragmented)"""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,20 @@ def test_the_text_and_json_outputs_name_every_stage(run: dict, tmp_path: Path,
     assert cost_phases.main([str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out[str(path)] == cost_phases.phases(run, 60.0)
+
+
+def test_the_steady_sizes_are_the_medians_of_the_steady_snapshots_and_absent_in_older_runs(
+        run: dict) -> None:
+    p = cost_phases.phases(run, 60.0)
+    assert "source_regions" not in run["timeline"][0]  # recorded before the field existed
+    assert p["steady"]["median_source_regions"] is None
+    assert "regions from DAMON" not in cost_phases.describe("old", p)
+    sized = copy.deepcopy(run)
+    for k, e in enumerate(sized["timeline"]):
+        e["source_regions"], e["frame_extents"] = 1000 + 10 * k, 30000 - k
+    steady = [e for e in sized["timeline"] if e["t_s"] >= 60]
+    p = cost_phases.phases(sized, 60.0)["steady"]
+    assert p["median_source_regions"] == statistics.median(e["source_regions"] for e in steady)
+    assert p["median_frame_extents"] == statistics.median(e["frame_extents"] for e in steady)
+    text = cost_phases.describe("new", cost_phases.phases(sized, 60.0))
+    assert f"regions from DAMON {p['median_source_regions']:.0f}" in text
