@@ -279,8 +279,7 @@ class Agent:
                                  "windows_verified": frames.windows_verified,
                                  "scans_skipped": frames.scans_skipped,
                                  "scans_spared": frames.scans_spared,
-                                 "scans_narrowed": frames.scans_narrowed,
-                                 "lapses": frames.lapses}
+                                 "scans_narrowed": frames.scans_narrowed}
         status = obs.status
         entry = report.TimelineEntry(
             t_s=snap.taken_at_s - self.started_at,

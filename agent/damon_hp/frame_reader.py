@@ -50,16 +50,6 @@ from damon_hp.stretches import (
 # changed between full reads (2026-11-27).
 FULL_READ_EVERY_S = 30.0
 FULL_READ_MAX_S = 120.0
-# A lazy reader (its source cannot demote) lets its ranges lapse instead, every
-# FULL_READ_EVERY_S: their kept windows not PMD-mapped are noted unverified, which reads no page
-# table, and the caller reads again those that read hot before it acts on them (`verify`). That
-# is all an action needs: a window whose frames moved unannounced can then mislead a collapse
-# for at most FULL_READ_EVERY_S, where the full read alone allowed up to FULL_READ_MAX_S. Its
-# full reads only bound how long such a window reading idle stays unpromoted, and start at the
-# old bound: the full reads at 30 and 60 s were 40-75 ms each, ~0.1 % of a core over a 128-s
-# run of a 4 GiB target (2026-12-02, docs/cost.md).
-LAZY_FULL_READ_EVERY_S = FULL_READ_MAX_S
-LAZY_FULL_READ_MAX_S = 4 * FULL_READ_MAX_S
 
 
 class FrameReader:
@@ -99,12 +89,10 @@ class FrameReader:
     the kept stretches take the collapsed windows as PMD-mapped and only those windows'
     entries are read again: no PAGEMAP_SCAN after each aggregation that promoted.
     The counters are read before the page tables, so a move during a read shows as a change at
-    the next one. Each range is read whole once its own full-read period (`period_bounds`:
-    from FULL_READ_EVERY_S, or LAZY_FULL_READ_EVERY_S for a lazy reader, growing while its
-    reads find nothing that no counter showed) has passed, and without PAGEMAP_SCAN every range
-    always is; a range whose entries read as before keeps its extents. When only periods ran
-    out, only the due ranges are walked. A lazy reader's ranges also lapse every
-    FULL_READ_EVERY_S: their kept windows are noted unverified, as after a move (`_lapse`).
+    the next one. Each range is read whole once its own full-read period (FULL_READ_EVERY_S,
+    growing while its reads find nothing that no counter showed) has passed, and without
+    PAGEMAP_SCAN every range always is; a range whose entries read as before keeps its
+    extents. When only periods ran out, only the due ranges are walked.
     """
 
     def __init__(self, pid: int, *, eager: bool = True,
@@ -119,11 +107,6 @@ class FrameReader:
         self._wanted: tuple[tuple[int, int], ...] = ()
         self._full: dict[tuple[int, int], tuple[float, float]] = {}
         """range -> (its last full read, its full-read period)"""
-        self.period_bounds = ((FULL_READ_EVERY_S, FULL_READ_MAX_S) if eager
-                              else (LAZY_FULL_READ_EVERY_S, LAZY_FULL_READ_MAX_S))
-        """a range's first full-read period and the longest it grows to, in seconds"""
-        self._lapsed: dict[tuple[int, int], float] = {}
-        """range -> when its kept windows were last verified whole (a full read, a lapse)"""
         self.unverified: set[int] = set()
         """2 MiB window starts whose entries were kept although frames may have moved since"""
         self.ranges_read = 0
@@ -133,7 +116,6 @@ class FrameReader:
         self.scans_skipped = 0  # reads that took the stretches as they were (nothing changed)
         self.scans_spared = 0  # reads that took them with our own collapses written in
         self.scans_narrowed = 0  # reads that walked only the ranges whose full read was due
-        self.lapses = 0  # ranges whose kept windows a lapse noted unverified (lazy only)
         self._collapsed: set[int] = set()
         """2 MiB windows our MADV_COLLAPSE calls made huge since the last read (`collapsed`)"""
         self._own = own_collapse_count(pid)
@@ -152,8 +134,6 @@ class FrameReader:
         now = self._clock()
         due = {rng for rng in wanted
                if rng not in self._full or now - self._full[rng][0] >= self._full[rng][1]}
-        if not self.eager and self._scanned:
-            self._lapse(now, [rng for rng in wanted if rng not in due and rng in self._ranges])
         steady = not due and moves is not None and wanted == self._wanted and self._scanned
         if steady and moves == self._moves and churn == self._churn:
             # Nothing that maps, unmaps, moves or collapses a page of the target happened
@@ -215,38 +195,21 @@ class FrameReader:
                     # their frame order): rebuilding them cost ~25 ms per 4 GiB. Extents end
                     # at every absent page and 2 MiB boundary, where patches cut runs.
                     fresh[rng] = (stretches, runs, prev[2] if kept else None)
-                    first, longest = self.period_bounds
-                    every = periods.get(rng, (now, first))[1]
+                    every = periods.get(rng, (now, FULL_READ_EVERY_S))[1]
                     if kept:
-                        every = min(2 * every, longest)
+                        every = min(2 * every, FULL_READ_MAX_S)
                     elif rng in due and quiet:
-                        every = first
+                        every = FULL_READ_EVERY_S
                     periods[rng] = (now, every)
-                    self._lapsed[rng] = now
                     self.unverified.difference_update(range(
                         rng[0] - rng[0] % HUGE_PAGE_BYTES, rng[1], HUGE_PAGE_BYTES))
                     self.ranges_read += 1
         finally:
             os.close(fd)
         self._full = periods
-        self._lapsed = {rng: at for rng, at in self._lapsed.items() if rng in fresh}
         self._moves, self._churn, self._ranges, self._wanted = moves, churn, fresh, wanted
         self._scanned = present is not None
         return self._frames()
-
-    def _lapse(self, now: float, kept: Sequence[tuple[int, int]]) -> None:
-        """Note unverified the kept windows, not PMD-mapped, of those `kept` ranges verified
-        whole (a full read, a lapse) FULL_READ_EVERY_S ago or more. A source that cannot
-        demote acts only on windows that read hot, and the caller reads those again first
-        (pipeline.Observer, `verify`): this bounds how long a frame moved unannounced (a
-        userfaultfd move) can mislead an action, at no page-table walk."""
-        for rng in kept:
-            if now - self._lapsed.get(rng, now) < FULL_READ_EVERY_S:
-                continue
-            stretches = self._ranges[rng][0]
-            self.unverified.update(present_windows([stretches]) - huge_windows([stretches]))
-            self._lapsed[rng] = now
-            self.lapses += 1
 
     def _present_of_due(self, fd: int, path: str, wanted: tuple[tuple[int, int], ...],
                         due: set[tuple[int, int]]

@@ -195,54 +195,6 @@ def test_a_lazy_observer_reads_a_moved_window_again_once_it_reads_hot(spare_chil
         files.close()
 
 
-def test_a_lazy_reader_s_ranges_lapse_so_an_unannounced_move_is_read_before_it_is_used(
-        spare_child):
-    """A lazy reader's full reads come only every LAZY_FULL_READ_EVERY_S and up; in between,
-    every FULL_READ_EVERY_S its ranges lapse: their kept windows not PMD-mapped are noted
-    unverified without a read, so a frame moved where no counter shows (made here by altering
-    a kept entry) is read again before a hot reading of its window is used (`verify`)."""
-    from damon_hp.frame_reader import FULL_READ_EVERY_S, LAZY_FULL_READ_EVERY_S
-
-    proc, layout = spare_child
-    pid, start = layout["pid"], layout["start"]
-    window = start + 2 * HUGE
-    assert madvise(proc, start, HUGE, MADV_COLLAPSE) == "ok"
-    assert LAZY_FULL_READ_EVERY_S > FULL_READ_EVERY_S
-    tries = []
-    now = [0.0]
-    for _ in range(6):  # a counter moving on the machine between the reads: try again
-        now[0] = 0.0
-        reader = FrameReader(pid, eager=False, clock=lambda: now[0])
-        check_read(reader, pid)
-        assert reader.period_bounds[0] == LAZY_FULL_READ_EVERY_S
-        run = next(r for _, runs, _ in reader._ranges.values() for r in runs
-                   if r.start <= window < r.end)
-        run.entries[(window - run.start) // 4096] ^= 1  # the kept frame is now another one
-        now[0] += FULL_READ_EVERY_S - 1
-        skipped, read = reader.scans_skipped, reader.ranges_read
-        reader.read(ranges_of(pid))
-        if reader.scans_skipped == skipped or reader.unverified:
-            tries.append("a counter moved before the lapse")
-            continue
-        assert reader.lapses == 0
-        now[0] += 1
-        reader.read(ranges_of(pid))
-        if reader.scans_skipped != skipped + 2:
-            tries.append("a counter moved at the lapse")
-            continue
-        assert reader.ranges_read == read, "a lazy reader read a range whole at 30 s"
-        assert reader.lapses >= 1
-        assert window in reader.unverified and start + HUGE in reader.unverified
-        assert start not in reader.unverified, "a PMD-mapped window noted unverified"
-        checked = reader.verify([window])
-        assert checked is not None, "the altered window was not found moved"
-        assert pfns(checked) == pfns(read_page_frames(pid, ranges_of(pid)))
-        assert window not in reader.unverified
-        break
-    else:
-        pytest.fail(f"never a lapse with nothing else moving: {tries}")
-
-
 def holding(pid: int, addr: int) -> tuple[int, int]:
     """The range (mapping) of ranges_of(pid) that holds `addr`."""
     return next((lo, hi) for lo, hi in ranges_of(pid) if lo <= addr < hi)
@@ -304,6 +256,8 @@ def test_a_range_that_changes_between_full_reads_holds_only_its_own_period(spare
     """Each range has its own full-read period: one whose frames the target moves between full
     reads (a fault announces it, so its period stays) no longer holds the others at 30 s. One
     period for all kept a 4 GiB run's full reads at every 30 s while its heap grew."""
+    from damon_hp.frame_reader import FULL_READ_EVERY_S
+
     proc, layout = spare_child
     pid = layout["pid"]
     mid = (layout["start"] + layout["end"]) // 2
@@ -313,7 +267,6 @@ def test_a_range_that_changes_between_full_reads_holds_only_its_own_period(spare
     now = [0.0]
     reader = FrameReader(pid, eager=False, clock=lambda: now[0])
     check_read(reader, pid)
-    first, _ = reader.period_bounds
     assert {lower, upper} <= reader.full_read_periods.keys()
     seen = []
     for k in range(6):  # the upper half's frames moving meanwhile (compaction): try again
@@ -326,9 +279,9 @@ def test_a_range_that_changes_between_full_reads_holds_only_its_own_period(spare
         periods = reader.full_read_periods
         if all(after[a] == before[a] for a in range(window, window + 65536, 4096)):
             continue  # the refault got its old frames back: nothing moved in the lower half
-        assert periods[lower] == first, "a range whose frames moved was trusted longer"
+        assert periods[lower] == FULL_READ_EVERY_S, "a range whose frames moved was trusted longer"
         seen.append(periods[upper])
-        if periods[upper] > first:
+        if periods[upper] > FULL_READ_EVERY_S:
             break
     else:
         pytest.fail(f"the unchanged range's period never grew beside a changing one: {seen}")
@@ -339,6 +292,8 @@ def test_a_read_when_only_one_range_is_due_walks_that_range_alone_and_is_never_s
     """When nothing moved and only some ranges' full-read periods ran out, only those are
     scanned and read (a periodic read of a small heap arena scanned a whole 4 GiB target); the
     others keep their stretches and entries, and the result equals a fresh read."""
+    from damon_hp.frame_reader import FULL_READ_EVERY_S
+
     proc, layout = spare_child
     pid = layout["pid"]
     mid = (layout["start"] + layout["end"]) // 2
@@ -350,17 +305,16 @@ def test_a_read_when_only_one_range_is_due_walks_that_range_alone_and_is_never_s
         now[0] = 0.0
         reader = FrameReader(pid, eager=False, clock=lambda: now[0])
         check_read(reader, pid)
-        first, _ = reader.period_bounds
         # A kept entry of the lower half altered: its full read finds a change and keeps its
-        # first period, the upper half's doubles.
+        # period at 30 s, the upper half's doubles.
         reader._ranges[lower][1][0].entries[0] ^= 1
-        now[0] += first
+        now[0] += FULL_READ_EVERY_S
         check_read(reader, pid)
-        assert reader.full_read_periods[lower] == first
-        if reader.full_read_periods[upper] == first:
+        assert reader.full_read_periods[lower] == FULL_READ_EVERY_S
+        if reader.full_read_periods[upper] == FULL_READ_EVERY_S:
             tries.append("the upper half's period did not grow")
             continue
-        now[0] += first
+        now[0] += FULL_READ_EVERY_S
         due = {rng for rng, (at, every) in reader._full.items() if now[0] - at >= every}
         assert lower in due and upper not in due
         narrowed, read = reader.scans_narrowed, reader.ranges_read
@@ -369,7 +323,7 @@ def test_a_read_when_only_one_range_is_due_walks_that_range_alone_and_is_never_s
             tries.append("a counter moved")
             continue
         assert reader.ranges_read - read == len(due)
-        assert reader._full[upper][0] == first, "the upper half was read whole"
+        assert reader._full[upper][0] == FULL_READ_EVERY_S, "the upper half was read whole"
         break
     else:
         pytest.fail(f"never a read with only some ranges due and nothing moved: {tries}")
@@ -411,6 +365,7 @@ def test_a_full_read_after_patches_finds_the_patched_entries_as_kept(child):
     """A collapse makes the next read patch the windows it changed, which cuts the range's
     runs into pieces; the next full read makes one run per present stretch. It must still find
     the entries as kept (and keep extents equal to ones made anew), so the period doubles."""
+    from damon_hp.frame_reader import FULL_READ_EVERY_S
     from damon_hp.frames import extents_of
 
     proc, layout = child
@@ -423,13 +378,12 @@ def test_a_full_read_after_patches_finds_the_patched_entries_as_kept(child):
         now[0] = 0.0
         reader = FrameReader(pid, eager=False, clock=lambda: now[0])
         check_read(reader, pid)
-        first, _ = reader.period_bounds
         assert madvise(proc, next(windows), HUGE, MADV_COLLAPSE) == "ok"
         patched = reader.windows_read
         check_read(reader, pid)
         assert reader.windows_read > patched, "the collapse was not patched in"
         assert len(reader._ranges[buffer][1]) > 1
-        now[0] += first
+        now[0] += FULL_READ_EVERY_S
         full = reader.ranges_read
         check_read(reader, pid)
         assert reader.ranges_read > full, "a due full read was skipped"
@@ -438,7 +392,7 @@ def test_a_full_read_after_patches_finds_the_patched_entries_as_kept(child):
             assert ext is not None and all(
                 (getattr(ext, f) == getattr(again, f)).all() for f in ("vpage", "pfn", "n"))
         seen.append(reader.full_read_periods[buffer])
-        if seen[-1] == 2 * first:
+        if seen[-1] == 2 * FULL_READ_EVERY_S:
             break
     else:
         pytest.fail(f"the full read never found the patched entries as kept: {seen}")
