@@ -37,17 +37,22 @@ def _read(path: str) -> str:
 
 
 def read_process(pid: int, stat: str | None = None) -> ProcessInfo | None:
-    """What the rules match on, or None for a kernel thread or a process gone meanwhile;
-    `stat`: its /proc/PID/stat if just read."""
+    """What the rules match on, or None for a kernel thread, a zombie, a process gone meanwhile
+    or one whose command line reads empty (inside execve or exiting: Scanner.scan); `stat`:
+    its /proc/PID/stat if just read.
+
+    The stat is read first and its comm kept, not /proc/PID/comm read after the rest: an exec
+    after the stat read changes the comm (begin_new_exec's __set_task_comm), so a Scanner that
+    kept a record mixing the old program's files with the new one's reads it again at its next
+    scan."""
     base = f"/proc/{pid}"
     try:
-        cmdline = _read(f"{base}/cmdline")
-        if not cmdline:
-            return None  # kernel thread (or a zombie): no memory to manage
         head = _stat_head(stat if stat is not None else _read(f"{base}/stat"))
         if head is None:
             return None
-        comm = _read(f"{base}/comm").strip()
+        cmdline = _read(f"{base}/cmdline")
+        if not cmdline:
+            return None
         uid = 0
         for line in _read(f"{base}/status").splitlines():
             if line.startswith("Uid:"):
@@ -63,7 +68,7 @@ def read_process(pid: int, stat: str | None = None) -> ProcessInfo | None:
             exe = ""
     except (OSError, ValueError, IndexError):
         return None
-    return ProcessInfo(pid, exe, comm, tuple(cmdline.rstrip("\0").split("\0")), cgroup, uid,
+    return ProcessInfo(pid, exe, head[0], tuple(cmdline.rstrip("\0").split("\0")), cgroup, uid,
                        head[1])
 
 
@@ -121,7 +126,17 @@ class Scanner:
             else:
                 info, at = read_process(pid, stat), now
                 if info is None:
-                    continue
+                    if seen is None or seen[0].start_ticks != head[1]:
+                        continue
+                    # Alive and no zombie, yet its command line reads empty: inside execve,
+                    # where begin_new_exec has switched it to the new mm and set the new comm,
+                    # and load_elf_binary has not yet given that mm its arguments (until then
+                    # get_mm_cmdline reads nothing), or exiting (exit_mm before exit_notify).
+                    # Dropped, damon-hpd's rescan would release a live process as exited; ~3 %
+                    # of the scans of a process exec'ing in a loop read it so (2026-12-02).
+                    # Keep what was read, as old as it was, so the next scan reads it again;
+                    # an exit shows there, or at once through the daemon's pidfd.
+                    info, at = seen
             known[pid] = (info, at)
             out.append(info)
         self._known = known
