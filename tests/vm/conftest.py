@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -213,6 +215,40 @@ def _record(report: pytest.TestReport | pytest.CollectReport, kind: str) -> None
     }
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
+
+
+# The guest's /tmp is its own and goes with the VM: a failed test's tmp_path (the agent's
+# --json, its --record) is copied beside results.jsonl, under kept/, so that what the agent
+# saw and decided can be read afterwards (fresh clone fc23's DAMON_STAT failure, 2026-12-02,
+# left only the samples and the summary). Files over KEEP_MAX_BYTES are left out.
+KEEP_MAX_BYTES = 64 << 20
+
+
+def _keep_tmp_path(item: pytest.Item) -> str | None:
+    results = os.environ.get(RESULTS_ENV)
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if not results or not isinstance(tmp, Path) or not tmp.is_dir():
+        return None
+    dest = Path(results).parent / "kept" / re.sub(r"[^\w.-]+", "_", item.nodeid)[-150:]
+    for src in tmp.rglob("*"):
+        if src.is_file() and src.stat().st_size <= KEEP_MAX_BYTES:
+            to = dest / src.relative_to(tmp)
+            to.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, to)
+    return str(dest)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201
+    outcome = yield
+    report = outcome.get_result()
+    if _inside_vm() and report.failed and report.when == "call":
+        try:
+            kept = _keep_tmp_path(item)
+        except OSError as e:
+            kept = f"not kept: {e}"
+        if kept:
+            report.sections.append(("kept tmp_path", kept))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -127,6 +127,8 @@ class HotCold:
         self.cold = AddrRange(d["cold"]["start"], d["cold"]["end"])
         self.not_huge: list[int] = []
         """the hot buffer's 2 MiB ranges not huge when the run was stopped (pagemap)"""
+        self.cold_huge: list[int] = []
+        """the cold buffer's 2 MiB ranges huge when the run was stopped (pagemap)"""
 
     def huge_shares(self) -> tuple[float, float]:
         maps = procfs.read_smaps(self.pid)
@@ -183,6 +185,8 @@ def run_until_hot(args: list[str], out: Path, wrap: list[str] | None = None,
         # over an end also holds other memory
         hc.not_huge = [w for w in huge_starts(hc.hot)
                        if procfs.huge_bytes_in(hc.pid, [huge_range(w)]) < HUGE_PAGE_BYTES]
+        hc.cold_huge = [w for w in huge_starts(hc.cold)
+                        if procfs.huge_bytes_in(hc.pid, [huge_range(w)]) == HUGE_PAGE_BYTES]
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -216,6 +220,17 @@ def shown_busy(recording: Path, starts: list[int]) -> list[int]:
         out |= now & last
         last = now
     return sorted(out)
+
+
+def never_shown_busy(recording: Path, starts: list[int]) -> list[int]:
+    """Those of `starts` that no snapshot showed with a region at the physical sources' rate
+    (PHYSICAL_MIN_ACCESS_PCT) over any part of them: the rule has no ground to promote them
+    (a loose bound: one such reading, faulting in or not, is taken as ground)."""
+    shown: set[int] = set()
+    for snap in Recording.load(recording).snapshots:
+        shown |= {s for s, h in range_heat(snap, starts).items()
+                  if h.max_pct >= PHYSICAL_MIN_ACCESS_PCT}
+    return sorted(set(starts) - shown)
 
 
 def assert_hot_backed_cold_not(name: str, took: float | None, samples: list, err: str,
